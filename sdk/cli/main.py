@@ -1,0 +1,3 @@
+def main() -> int:
+    print("edgeflash")
+    return 0
