@@ -1,0 +1,94 @@
+// Weight formats: names, block geometry and row sizes. A weight matrix [rows, cols] is stored
+// row-major as `rows` rows of row_bytes(fmt, cols) bytes each (y = W @ x, like torch Linear).
+// The GGML formats are bit-exact with GGUF files; q4_lut is edgeflash's own (docs/weight-formats.md).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <stdexcept>
+#include <string>
+
+namespace ef {
+
+enum class Format : int { f32 = 0, f16, q8_0, q4_0, q4_1, q5_0, q4_k, q6_k, q4_lut, count };
+constexpr int kFormatCount = static_cast<int>(Format::count);
+
+struct FormatInfo {
+  const char* name;
+  int block_elems;   // elements per block along a row
+  int block_bytes;   // bytes per block
+  int row_header;    // bytes before the first block of each row (q4_lut's level table)
+  bool quantized;    // integer codes (runs on Q8 activations) rather than floats
+};
+
+const FormatInfo& format_info(Format f);
+// Returns false when `name` is not a known format name.
+bool parse_format(const std::string& name, Format* out);
+// Throws std::invalid_argument when cols is not a positive multiple of the block size.
+size_t row_bytes(Format f, int64_t cols);
+void check_cols(Format f, int64_t cols, const char* what);
+
+// Thrown for every bad argument; the Python bindings turn it into ValueError.
+struct KernelError : std::invalid_argument {
+  using std::invalid_argument::invalid_argument;
+};
+
+// IEEE half <-> float, scalar (the SIMD paths have their own conversions).
+inline float fp16_to_f32(uint16_t h) {
+  const uint32_t sign = static_cast<uint32_t>(h & 0x8000u) << 16;
+  uint32_t exp = (h >> 10) & 0x1f, mant = h & 0x3ffu, bits;
+  if (exp == 0) {
+    if (mant == 0) {
+      bits = sign;
+    } else {  // subnormal: renormalise
+      exp = 127 - 15 + 1;
+      while ((mant & 0x400u) == 0) { mant <<= 1; --exp; }
+      bits = sign | (exp << 23) | ((mant & 0x3ffu) << 13);
+    }
+  } else if (exp == 31) {
+    bits = sign | 0x7f800000u | (mant << 13);
+  } else {
+    bits = sign | ((exp + 127 - 15) << 23) | (mant << 13);
+  }
+  float f;
+  std::memcpy(&f, &bits, 4);
+  return f;
+}
+
+// Round-to-nearest-even, like the hardware conversions (F16C, NEON) and numpy.
+inline uint16_t f32_to_fp16(float f) {
+  uint32_t x;
+  std::memcpy(&x, &f, 4);
+  const uint32_t sign = (x >> 16) & 0x8000u;
+  const uint32_t absx = x & 0x7fffffffu;
+  if (absx >= 0x7f800000u) return static_cast<uint16_t>(sign | 0x7c00u | (absx > 0x7f800000u ? 0x200u : 0));
+  if (absx >= 0x477ff000u) return static_cast<uint16_t>(sign | 0x7c00u);  // overflow -> inf
+  if (absx < 0x38800000u) {                                              // subnormal or zero
+    if (absx < 0x33000000u) return static_cast<uint16_t>(sign);
+    const uint32_t e = absx >> 23, m = (absx & 0x7fffffu) | 0x800000u;
+    const uint32_t shift = 126 - e;  // 14..24
+    uint32_t r = m >> shift;
+    const uint32_t rem = m & ((1u << shift) - 1), half = 1u << (shift - 1);
+    if (rem > half || (rem == half && (r & 1u))) ++r;
+    return static_cast<uint16_t>(sign | r);
+  }
+  uint32_t r = ((absx - 0x38000000u) >> 13);
+  const uint32_t rem = absx & 0x1fffu;
+  if (rem > 0x1000u || (rem == 0x1000u && (r & 1u))) ++r;
+  return static_cast<uint16_t>(sign | r);
+}
+
+inline float load_fp16(const uint8_t* p) {
+  uint16_t h;
+  std::memcpy(&h, p, 2);
+  return fp16_to_f32(h);
+}
+
+inline float load_f32(const uint8_t* p) {
+  float f;
+  std::memcpy(&f, p, 4);
+  return f;
+}
+
+}  // namespace ef

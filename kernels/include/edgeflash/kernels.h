@@ -1,0 +1,157 @@
+// The kernel API that the engine calls directly (no Python in the hot path). Every entry checks
+// its arguments (shapes, formats, index ranges, buffer sizes it is given) and throws
+// ef::KernelError on a bad call, so a caller mistake cannot make a kernel write out of bounds.
+// Work is split over the shared ThreadPool; no call allocates once its scratch has grown.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "edgeflash/formats.h"
+#include "edgeflash/thread_pool.h"
+
+namespace ef {
+
+// ---------------------------------------------------------------- weights, GEMV / small GEMM
+
+// A [rows, cols] weight matrix: row r starts at data + r * stride (stride 0 = row_bytes).
+struct WeightMatrix {
+  const uint8_t* data = nullptr;
+  size_t size_bytes = 0;  // bytes readable from data; checked against rows * stride
+  Format fmt = Format::f32;
+  int64_t rows = 0, cols = 0;
+  size_t stride = 0;
+};
+
+// Activations quantized on the fly to Q8 blocks of 32 (int8 codes + one f32 scale per block,
+// plus the scaled sum of each 16-element half, which folds weight offsets and minimums).
+// Quantize once, reuse for every matrix that reads the same input (q/k/v, gate/up).
+class QuantizedActs {
+ public:
+  void quantize(const float* x, int64_t n, int64_t cols);  // x: [n, cols], cols % 32 == 0
+  int64_t n() const { return n_; }
+  int64_t cols() const { return cols_; }
+  const int8_t* q() const { return q_.data(); }      // [n, cols]
+  const float* d() const { return d_.data(); }       // [n, cols / 32]
+  const float* s16() const { return s16_.data(); }   // [n, cols / 16]
+
+ private:
+  int64_t n_ = 0, cols_ = 0;
+  std::vector<int8_t> q_;
+  std::vector<float> d_, s16_;
+};
+
+// Precision of the activations for quantized weights: q8 = ggml-style integer dot products on
+// Q8 activations (fast); f32 = weights dequantized and multiplied with f32 activations (exact).
+enum class ActPrecision { q8, f32 };
+
+// y[t, r] = sum_c W[r, c] * x[t, c]   x: [n, cols] f32, y: [n, rows] f32, any n >= 1.
+void matmul(const WeightMatrix& w, const float* x, int64_t n, float* y, ActPrecision prec = ActPrecision::q8);
+void matmul(const WeightMatrix& w, const QuantizedActs& xq, float* y);
+// Only the listed rows: y[t, i] = W[rows[i]] . x[t]   y: [n, n_rows] (e.g. a shortlist of the LM head).
+void matmul_rows(const WeightMatrix& w, const int32_t* rows, int64_t n_rows, const float* x, int64_t n, float* y,
+                 ActPrecision prec = ActPrecision::q8);
+
+// out: [n_rows, cols] f32; rows == nullptr means all rows in order (n_rows == w.rows).
+void dequantize_rows(const WeightMatrix& w, const int32_t* rows, int64_t n_rows, float* out);
+// x: [rows, cols] f32 -> out: rows * row_bytes(fmt, cols) bytes. GGML rounding for the GGML
+// 32-block formats; q4_lut fits 16 levels per row by 1-D k-means. K-quants are not produced.
+void quantize_rows(const float* x, int64_t rows, int64_t cols, Format fmt, uint8_t* out, size_t out_size);
+
+// ---------------------------------------------------------------- sparse FFN on a neuron arena
+
+enum class Activation { silu = 0, gelu_tanh = 1 };
+
+// An arena of neuron bundles: slot i holds gate row i, up row i and down column i (each a
+// quantized row of d_model elements, in that order) in bytes [i * stride, i * stride + bundle).
+struct NeuronArena {
+  const uint8_t* data = nullptr;
+  size_t size_bytes = 0;
+  int64_t n_slots = 0, d_model = 0;
+  Format gate = Format::q8_0, up = Format::q8_0, down = Format::q8_0;
+  size_t stride = 0;  // 0 = bundle_bytes(...)
+};
+size_t bundle_bytes(Format gate, Format up, Format down, int64_t d_model);
+
+// out[t] (+)= sum_{s in slots} act(gate_s . x_t) * (up_s . x_t) * down_s      x, out: [n_tok, d_model]
+// With thresholds ([n_tok]), neuron s is skipped for token t when |gate_s . x_t| < thresholds[t].
+void ffn_sparse(const NeuronArena& arena, const float* x, int64_t n_tok, const int32_t* slots, int64_t n_active,
+                Activation act, const float* thresholds, float* out, bool accumulate = false);
+
+// ---------------------------------------------------------------- attention over a KV cache
+
+// K and V are each [n_kv_heads, capacity, kv_row_bytes(fmt, head_dim)] bytes, fmt f16 or q8_0.
+// slot_pos[capacity] holds the position stored in each slot (-1 = empty): a ring buffer works.
+struct KvCache {
+  uint8_t* k = nullptr;
+  uint8_t* v = nullptr;
+  size_t size_bytes = 0;  // of each of k and v
+  Format fmt = Format::f16;
+  int64_t n_kv_heads = 0, capacity = 0, head_dim = 0;
+  int32_t* slot_pos = nullptr;
+};
+size_t kv_row_bytes(Format fmt, int64_t head_dim);
+
+struct AttentionArgs {
+  const float* q = nullptr;        // [n_q, n_heads, head_dim]
+  int64_t n_q = 0, n_heads = 0;
+  const int32_t* q_pos = nullptr;  // [n_q]
+  int64_t window = 0;              // 0 = global; else keys with q_pos - pos >= window are hidden
+  const uint8_t* mask = nullptr;   // optional [n_q, capacity], nonzero = may attend (tree ancestors)
+  float scale = 1.0f;              // applied to q . k
+  float softcap = 0.0f;            // 0 = none; else s = softcap * tanh(s / softcap)
+  float* out = nullptr;            // [n_q, n_heads, head_dim]
+};
+// Key slot j is visible to query i iff slot_pos[j] >= 0, slot_pos[j] <= q_pos[i],
+// (window == 0 or q_pos[i] - slot_pos[j] < window) and (mask == null or mask[i, j]).
+// A query that sees no key gets a zero output row.
+void attention(const KvCache& cache, const AttentionArgs& args);
+// Stores k, v ([n, n_kv_heads, head_dim] f32) into slots[n] and sets slot_pos[slots[i]] = positions[i].
+void kv_write(const KvCache& cache, const float* k, const float* v, int64_t n, const int32_t* slots,
+              const int32_t* positions);
+
+// ---------------------------------------------------------------- elementwise and sampling
+
+// y = x / sqrt(mean(x^2) + eps) * w   x, y: [n, d]; y may alias x.
+void rms_norm(const float* x, const float* w, float* y, int64_t n, int64_t d, float eps);
+
+struct RopeParams {
+  int64_t rot_dim = 0;                 // even, <= head_dim; the rest of each head is left alone
+  float theta_base = 10000.0f;
+  const float* freq_factors = nullptr; // optional [rot_dim / 2]: frequency i is divided by it
+  float linear_scale = 1.0f;           // positions are divided by it
+};
+// Rotate-half (NeoX) RoPE in place.  x: [n, n_heads, head_dim], positions: [n]
+void rope(float* x, int64_t n, int64_t n_heads, int64_t head_dim, const int32_t* positions, const RopeParams& p);
+
+// out = act(gate) * up, elementwise over count floats; out may alias gate or up.
+void gated_act(const float* gate, const float* up, float* out, int64_t count, Activation act);
+// Row-wise softmax. x, y: [n, d]; y may alias x.
+void softmax(const float* x, float* y, int64_t n, int64_t d);
+// Index of the largest value of each row (the first one on ties).  x: [n, d] -> out: [n]
+void argmax(const float* x, int64_t n, int64_t d, int32_t* out);
+// The k largest values of each row, in descending order (lower index first on ties).
+// x: [n, d] -> values, indices: [n, k]
+void topk(const float* x, int64_t n, int64_t d, int64_t k, float* values, int32_t* indices);
+
+// ---------------------------------------------------------------- dispatch
+
+struct CpuFeatures {
+  std::string arch;  // "x86_64", "aarch64" or "other"
+  std::vector<std::string> flags;
+};
+const CpuFeatures& cpu_features();
+// Instruction-set levels compiled in and supported here, lowest first ("ref" is always first).
+std::vector<std::string> available_isas();
+// "auto" = the best available. Throws KernelError for an unknown or unsupported level.
+void use_isa(const std::string& name);
+std::string current_isa();
+// (kernel name, implementation running it now) for every kernel in the dispatch table.
+std::vector<std::pair<std::string, std::string>> implementations();
+
+// Reads `bytes` of buffer with all pool threads and returns the seconds taken (bench helper).
+double timed_read(const uint8_t* data, size_t bytes);
+
+}  // namespace ef

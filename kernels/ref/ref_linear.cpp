@@ -1,0 +1,124 @@
+// Reference GEMM, dequantization and activation quantization: plain loops, double accumulators.
+#include <algorithm>
+#include <cmath>
+
+#include "kernel_table.h"
+#include "ref_formats.h"
+
+namespace ef::ref {
+namespace {
+
+template <Format F>
+void gemm_q8(const RowsView& w, int64_t r0, int64_t r1, const Q8View& x, int64_t t0, int64_t t1, float* y,
+             int64_t ldy) {
+  const int64_t cols = w.cols;
+  for (int64_t r = r0; r < r1; ++r) {
+    for (int64_t t = t0; t < t1; ++t) {
+      const int8_t* xq = x.q + t * cols;
+      const float* xd = x.d + t * (cols / 32);
+      const float* xs = x.s16 + t * (cols / 16);
+      double acc = 0.0;
+      int64_t ui = 0;
+      for_each_unit(F, w.row(r), cols, [&](const Unit& u) {
+        for (int h = 0; h < 2; ++h) {
+          int64_t isum = 0;
+          for (int k = 16 * h; k < 16 * h + 16; ++k) isum += static_cast<int64_t>(u.c[k]) * xq[32 * ui + k];
+          acc += static_cast<double>(u.a[h]) * xd[ui] * static_cast<double>(isum) +
+                 (static_cast<double>(u.b[h]) - static_cast<double>(u.o) * u.a[h]) * xs[2 * ui + h];
+        }
+        ++ui;
+      });
+      y[t * ldy + (r - r0)] = static_cast<float>(acc);
+    }
+  }
+}
+
+template <Format F>
+void gemm_f32(const RowsView& w, int64_t r0, int64_t r1, const float* x, int64_t t0, int64_t t1, float* y,
+              int64_t ldy) {
+  const int64_t cols = w.cols;
+  for (int64_t r = r0; r < r1; ++r) {
+    const uint8_t* row = w.row(r);
+    for (int64_t t = t0; t < t1; ++t) {
+      const float* xt = x + t * cols;
+      double acc = 0.0;
+      for (int64_t c = 0; c < cols; ++c) {
+        const float wv = F == Format::f32 ? load_f32(row + 4 * c) : load_fp16(row + 2 * c);
+        acc += static_cast<double>(wv) * xt[c];
+      }
+      y[t * ldy + (r - r0)] = static_cast<float>(acc);
+    }
+  }
+}
+
+template <Format F>
+void dequant(const uint8_t* row, int64_t cols, float* out) {
+  if constexpr (F == Format::f32) {
+    std::memcpy(out, row, static_cast<size_t>(cols) * 4);
+  } else if constexpr (F == Format::f16) {
+    for (int64_t c = 0; c < cols; ++c) out[c] = load_fp16(row + 2 * c);
+  } else {
+    for_each_unit(F, row, cols, [&](const Unit& u) {
+      for (int k = 0; k < 32; ++k) {
+        const int h = k / 16;
+        const float q = static_cast<float>(u.c[k] - u.o);
+        out[k] = u.b[h] == 0.0f ? u.a[h] * q : u.a[h] * q + u.b[h];
+      }
+      out += 32;
+    });
+  }
+}
+
+void quantize_acts(const float* x, int64_t cols, int8_t* q, float* d, float* s16) {
+  for (int64_t b = 0; b < cols / 32; ++b) {
+    const float* xb = x + 32 * b;
+    float amax = 0.0f;
+    for (int k = 0; k < 32; ++k) amax = std::max(amax, std::fabs(xb[k]));
+    const float id = amax > 0.0f ? 127.0f / amax : 0.0f;
+    d[b] = amax / 127.0f;
+    for (int h = 0; h < 2; ++h) {
+      int sum = 0;
+      for (int k = 16 * h; k < 16 * h + 16; ++k) {
+        const int v = static_cast<int>(std::nearbyint(xb[k] * id));
+        q[32 * b + k] = static_cast<int8_t>(std::clamp(v, -127, 127));
+        sum += q[32 * b + k];
+      }
+      s16[2 * b + h] = d[b] * static_cast<float>(sum);
+    }
+  }
+}
+
+void axpy_rows(const float* v, int64_t d, const float* h, int64_t n_tok, float* out, int64_t ld) {
+  for (int64_t t = 0; t < n_tok; ++t) {
+    if (h[t] == 0.0f) continue;
+    for (int64_t i = 0; i < d; ++i) out[t * ld + i] += h[t] * v[i];
+  }
+}
+
+}  // namespace
+
+void install_linear(KernelTable& t) {
+  const char* n = "ref";
+  t.gemm_q8[int(Format::q8_0)].set(gemm_q8<Format::q8_0>, n);
+  t.gemm_q8[int(Format::q4_0)].set(gemm_q8<Format::q4_0>, n);
+  t.gemm_q8[int(Format::q4_1)].set(gemm_q8<Format::q4_1>, n);
+  t.gemm_q8[int(Format::q5_0)].set(gemm_q8<Format::q5_0>, n);
+  t.gemm_q8[int(Format::q4_k)].set(gemm_q8<Format::q4_k>, n);
+  t.gemm_q8[int(Format::q6_k)].set(gemm_q8<Format::q6_k>, n);
+  t.gemm_q8[int(Format::q4_lut)].set(gemm_q8<Format::q4_lut>, n);
+  t.gemm_f32[int(Format::f32)].set(gemm_f32<Format::f32>, n);
+  t.gemm_f32[int(Format::f16)].set(gemm_f32<Format::f16>, n);
+  t.dequant[int(Format::f32)].set(dequant<Format::f32>, n);
+  t.dequant[int(Format::f16)].set(dequant<Format::f16>, n);
+  t.dequant[int(Format::q8_0)].set(dequant<Format::q8_0>, n);
+  t.dequant[int(Format::q4_0)].set(dequant<Format::q4_0>, n);
+  t.dequant[int(Format::q4_1)].set(dequant<Format::q4_1>, n);
+  t.dequant[int(Format::q5_0)].set(dequant<Format::q5_0>, n);
+  t.dequant[int(Format::q4_k)].set(dequant<Format::q4_k>, n);
+  t.dequant[int(Format::q6_k)].set(dequant<Format::q6_k>, n);
+  t.dequant[int(Format::q4_lut)].set(dequant<Format::q4_lut>, n);
+  t.quantize_acts.set(quantize_acts, n);
+  t.axpy_rows.set(axpy_rows, n);
+}
+
+}  // namespace ef::ref

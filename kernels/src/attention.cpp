@@ -1,0 +1,168 @@
+// Decode / verify attention over a slot-addressed KV cache. Work items are (KV head, slot split):
+// each runs the ISA chunk kernel over its slots with an online softmax; the splits of one head
+// are merged at the end (split-K, so a single KV head still uses every thread at decode).
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <string>
+
+#include "kernel_table.h"
+#include "scratch.h"
+
+namespace ef {
+
+size_t kv_row_bytes(Format fmt, int64_t head_dim) {
+  if (fmt != Format::f16 && fmt != Format::q8_0)
+    throw KernelError(std::string("KV cache format must be f16 or q8_0, got ") + format_info(fmt).name);
+  if (head_dim <= 0 || head_dim % 16)
+    throw KernelError("KV cache head_dim must be a positive multiple of 16, got " + std::to_string(head_dim));
+  return row_bytes(fmt, head_dim);
+}
+
+namespace {
+
+void check_cache(const KvCache& c, const char* what) {
+  if (!c.k || !c.v || !c.slot_pos) throw KernelError(std::string(what) + ": KV cache buffers are null");
+  if (c.n_kv_heads <= 0 || c.capacity <= 0)
+    throw KernelError(std::string(what) + ": KV cache needs positive n_kv_heads and capacity");
+  const size_t need = static_cast<size_t>(c.n_kv_heads * c.capacity) * kv_row_bytes(c.fmt, c.head_dim);
+  if (c.size_bytes < need)
+    throw KernelError(std::string(what) + ": KV cache buffers hold " + std::to_string(c.size_bytes) + " bytes, need " +
+                      std::to_string(need));
+}
+
+constexpr int64_t kChunk = 64;  // slots per chunk kernel call
+
+}  // namespace
+
+void attention(const KvCache& cache, const AttentionArgs& a) {
+  check_cache(cache, "attention");
+  if (!a.q || !a.out || !a.q_pos) throw KernelError("attention: q, q_pos or out is null");
+  if (a.n_q <= 0 || a.n_heads <= 0) throw KernelError("attention: n_q and n_heads must be positive");
+  if (a.n_heads % cache.n_kv_heads)
+    throw KernelError("attention: n_heads " + std::to_string(a.n_heads) + " is not a multiple of n_kv_heads " +
+                      std::to_string(cache.n_kv_heads));
+  if (a.window < 0) throw KernelError("attention: window must be >= 0");
+  if (!std::isfinite(a.scale) || !(a.softcap >= 0.0f)) throw KernelError("attention: scale must be finite and softcap >= 0");
+
+  const int64_t hd = cache.head_dim, cap = cache.capacity, n_kv = cache.n_kv_heads;
+  const int64_t group = a.n_heads / n_kv, n_q = a.n_q, R = group * n_q;
+  const size_t rb = kv_row_bytes(cache.fmt, hd);
+  const AttnChunkFn chunk_fn = kernels().attn_chunk[attn_index(cache.fmt)].fn;
+
+  // Live slot range: nothing outside [lo, hi] can be visible.
+  int64_t lo = cap, hi = -1;
+  for (int64_t j = 0; j < cap; ++j)
+    if (cache.slot_pos[j] >= 0) lo = std::min(lo, j), hi = j;
+  std::fill(a.out, a.out + n_q * a.n_heads * hd, 0.0f);
+  if (hi < 0) return;
+  const int64_t span = hi - lo + 1;
+  const int64_t threads = get_num_threads();
+  const int64_t max_splits = std::max<int64_t>(1, span / (4 * kChunk));
+  const int64_t splits = std::clamp<int64_t>((2 * threads + n_kv - 1) / n_kv, 1, max_splits);
+
+  // Per work item: m [R], l [R], acc [R, hd]; q rows of each KV head gathered as [R, hd].
+  const int64_t item_floats = R * (hd + 2);
+  thread_local std::vector<float> state;
+  const size_t need = static_cast<size_t>(n_kv * splits * item_floats + n_kv * R * hd);
+  if (state.size() < need) state.resize(need);
+  float* states = state.data();
+  float* qg = states + n_kv * splits * item_floats;
+  for (int64_t g = 0; g < n_kv; ++g)
+    for (int64_t r = 0; r < R; ++r) {
+      const int64_t i = r / group, h = g * group + r % group;
+      std::copy(a.q + (i * a.n_heads + h) * hd, a.q + (i * a.n_heads + h + 1) * hd, qg + (g * R + r) * hd);
+    }
+
+  ThreadPool::global().run(n_kv * splits, [&](int64_t item, int) {
+    const int64_t g = item / splits, p = item % splits;
+    int64_t j_begin, j_end;
+    split_range(span, splits, p, &j_begin, &j_end);
+    j_begin += lo, j_end += lo;
+    float* m = states + item * item_floats;
+    float* l = m + R;
+    float* acc = l + R;
+    std::fill(m, m + R, -std::numeric_limits<float>::infinity());
+    std::fill(l, l + R + R * hd, 0.0f);
+    float* scratch = scratch_floats(static_cast<size_t>(R * kChunk + 2 * hd + (R * kChunk + 3) / 4));
+    uint8_t* vis = reinterpret_cast<uint8_t*>(scratch + R * kChunk + 2 * hd);
+    for (int64_t j0 = j_begin; j0 < j_end; j0 += kChunk) {
+      const int64_t c = std::min(kChunk, j_end - j0);
+      bool any = false;
+      for (int64_t i = 0; i < n_q; ++i) {
+        const int64_t qp = a.q_pos[i];
+        uint8_t* row = vis + i * group * c;
+        for (int64_t j = 0; j < c; ++j) {
+          const int64_t sp = cache.slot_pos[j0 + j];
+          const bool ok = sp >= 0 && sp <= qp && (a.window == 0 || qp - sp < a.window) &&
+                          (!a.mask || a.mask[i * cap + j0 + j]);
+          row[j] = ok;
+          any |= ok;
+        }
+        for (int64_t h = 1; h < group; ++h) std::copy(row, row + c, row + h * c);
+      }
+      if (!any) continue;
+      const size_t off = static_cast<size_t>(g * cap + j0) * rb;
+      const AttnChunk args{qg + g * R * hd, R, hd, cache.k + off, cache.v + off, rb, c, vis,
+                           a.scale, a.softcap, m, l, acc, scratch};
+      chunk_fn(args);
+    }
+  });
+
+  // Merge the splits of each head and normalise.
+  for (int64_t g = 0; g < n_kv; ++g) {
+    for (int64_t r = 0; r < R; ++r) {
+      float mx = -std::numeric_limits<float>::infinity();
+      for (int64_t p = 0; p < splits; ++p) mx = std::max(mx, states[(g * splits + p) * item_floats + r]);
+      if (mx == -std::numeric_limits<float>::infinity()) continue;  // sees no key: zero row
+      const int64_t i = r / group, h = g * group + r % group;
+      float* o = a.out + (i * a.n_heads + h) * hd;
+      double lsum = 0.0;
+      for (int64_t p = 0; p < splits; ++p) {
+        const float* st = states + (g * splits + p) * item_floats;
+        if (st[r] == -std::numeric_limits<float>::infinity()) continue;
+        const float w = std::exp(st[r] - mx);
+        lsum += static_cast<double>(st[R + r]) * w;
+        const float* acc = st + 2 * R + r * hd;
+        for (int64_t k = 0; k < hd; ++k) o[k] += w * acc[k];
+      }
+      const float inv = static_cast<float>(1.0 / lsum);
+      for (int64_t k = 0; k < hd; ++k) o[k] *= inv;
+    }
+  }
+}
+
+void kv_write(const KvCache& cache, const float* k, const float* v, int64_t n, const int32_t* slots,
+              const int32_t* positions) {
+  check_cache(cache, "kv_write");
+  if (!k || !v || !slots || !positions) throw KernelError("kv_write: k, v, slots or positions is null");
+  if (n <= 0) throw KernelError("kv_write: nothing to write (n must be positive)");
+  for (int64_t i = 0; i < n; ++i) {
+    if (slots[i] < 0 || slots[i] >= cache.capacity)
+      throw KernelError("kv_write: slot " + std::to_string(slots[i]) + " is outside the cache [0, " +
+                        std::to_string(cache.capacity) + ")");
+    if (positions[i] < 0) throw KernelError("kv_write: position " + std::to_string(positions[i]) + " is negative");
+  }
+  const int64_t hd = cache.head_dim;
+  const size_t rb = kv_row_bytes(cache.fmt, hd);
+  auto store = [&](uint8_t* dst, const float* src) {
+    if (cache.fmt == Format::f16) {
+      for (int64_t e = 0; e < hd; ++e) {
+        const uint16_t h = f32_to_fp16(src[e]);
+        std::memcpy(dst + 2 * e, &h, 2);
+      }
+    } else {
+      quantize_rows(src, 1, hd, Format::q8_0, dst, rb);
+    }
+  };
+  for (int64_t i = 0; i < n; ++i) {
+    for (int64_t h = 0; h < cache.n_kv_heads; ++h) {
+      const size_t off = static_cast<size_t>(h * cache.capacity + slots[i]) * rb;
+      store(cache.k + off, k + (i * cache.n_kv_heads + h) * hd);
+      store(cache.v + off, v + (i * cache.n_kv_heads + h) * hd);
+    }
+    cache.slot_pos[slots[i]] = positions[i];
+  }
+}
+
+}  // namespace ef

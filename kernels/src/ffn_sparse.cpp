@@ -1,0 +1,138 @@
+// Sparse FFN over a neuron-bundle arena. Slots are split into chunks; per chunk the gate dot
+// products of all tokens run as one small GEMM (rows gathered by slot index), then the up dot
+// products of the neurons that survive the threshold, then each neuron's down column is added,
+// scaled by its activation, into a per-thread partial output that is summed at the end.
+#include <algorithm>
+#include <cmath>
+#include <string>
+
+#include "kernel_table.h"
+#include "scratch.h"
+
+namespace ef {
+
+size_t bundle_bytes(Format gate, Format up, Format down, int64_t d_model) {
+  return row_bytes(gate, d_model) + row_bytes(up, d_model) + row_bytes(down, d_model);
+}
+
+namespace {
+
+void check_arena(const NeuronArena& a) {
+  if (!a.data) throw KernelError("ffn_sparse: arena buffer is null");
+  if (a.n_slots <= 0) throw KernelError("ffn_sparse: the arena must have at least one slot");
+  check_cols(a.gate, a.d_model, "ffn_sparse gate");
+  check_cols(a.up, a.d_model, "ffn_sparse up");
+  check_cols(a.down, a.d_model, "ffn_sparse down");
+  const size_t bundle = bundle_bytes(a.gate, a.up, a.down, a.d_model);
+  const size_t stride = a.stride ? a.stride : bundle;
+  if (stride < bundle)
+    throw KernelError("ffn_sparse: arena stride " + std::to_string(stride) + " is below the bundle size " +
+                      std::to_string(bundle));
+  const size_t need = static_cast<size_t>(a.n_slots - 1) * stride + bundle;
+  if (a.size_bytes < need)
+    throw KernelError("ffn_sparse: arena holds " + std::to_string(a.size_bytes) + " bytes, " +
+                      std::to_string(a.n_slots) + " slots need " + std::to_string(need));
+}
+
+int32_t* scratch_ints(size_t n) {
+  thread_local std::vector<int32_t> buf;
+  if (buf.size() < n) buf.resize(n);
+  return buf.data();
+}
+
+}  // namespace
+
+void ffn_sparse(const NeuronArena& arena, const float* x, int64_t n_tok, const int32_t* slots, int64_t n_active,
+                Activation act, const float* thresholds, float* out, bool accumulate) {
+  check_arena(arena);
+  if (!x || !out) throw KernelError("ffn_sparse: input or output buffer is null");
+  if (n_tok <= 0) throw KernelError("ffn_sparse: the number of tokens must be positive, got " + std::to_string(n_tok));
+  if (n_active < 0) throw KernelError("ffn_sparse: the number of active slots must be >= 0");
+  if (n_active > 0 && !slots) throw KernelError("ffn_sparse: the slot list is null");
+  if (act != Activation::silu && act != Activation::gelu_tanh) throw KernelError("ffn_sparse: unknown activation");
+  for (int64_t i = 0; i < n_active; ++i)
+    if (slots[i] < 0 || slots[i] >= arena.n_slots)
+      throw KernelError("ffn_sparse: slot " + std::to_string(slots[i]) + " at position " + std::to_string(i) +
+                        " is outside the arena [0, " + std::to_string(arena.n_slots) + ")");
+  const int64_t dm = arena.d_model;
+  if (!accumulate) std::fill(out, out + n_tok * dm, 0.0f);
+  if (n_active == 0) return;
+
+  const KernelTable& kt = kernels();
+  const size_t rb_g = row_bytes(arena.gate, dm), rb_u = row_bytes(arena.up, dm);
+  const size_t stride = arena.stride ? arena.stride : bundle_bytes(arena.gate, arena.up, arena.down, dm);
+  const bool need_q8 = format_info(arena.gate).quantized || format_info(arena.up).quantized;
+  thread_local QuantizedActs xq;
+  if (need_q8) xq.quantize(x, n_tok, dm);
+  const Q8View xv{xq.q(), xq.d(), xq.s16(), dm};
+
+  // Dot products of rows gathered by slot id: y[t * ldy + r] for r < count.
+  auto dots = [&](Format fmt, size_t offset, const int32_t* ids, int64_t count, float* y) {
+    const RowsView v{arena.data + offset, stride, ids, dm};
+    if (format_info(fmt).quantized)
+      kt.gemm_q8[int(fmt)].fn(v, 0, count, xv, 0, n_tok, y, count);
+    else
+      kt.gemm_f32[int(fmt)].fn(v, 0, count, x, 0, n_tok, y, count);
+  };
+
+  const int threads = get_num_threads();
+  const int64_t chunk = std::clamp<int64_t>((n_active + 2 * threads - 1) / (2 * threads), 8, 64);
+  const int64_t tasks = (n_active + chunk - 1) / chunk;
+  // Per-thread partial sums, owned by the calling thread; `used` marks the ones written.
+  thread_local std::vector<float> partial;
+  thread_local std::vector<uint8_t> used;
+  if (partial.size() < static_cast<size_t>(threads * n_tok * dm)) partial.resize(static_cast<size_t>(threads * n_tok * dm));
+  used.assign(static_cast<size_t>(threads), 0);
+  float* partial_base = partial.data();
+  uint8_t* used_base = used.data();
+
+  ThreadPool::global().run(tasks, [&](int64_t task, int th) {
+    const int64_t s0 = task * chunk, cnt = std::min(n_active, s0 + chunk) - s0;
+    float* part = partial_base + th * n_tok * dm;
+    if (!used_base[th]) {
+      std::fill(part, part + n_tok * dm, 0.0f);
+      used_base[th] = 1;
+    }
+    float* g = scratch_floats(static_cast<size_t>(cnt * n_tok), 1);   // [n_tok, cnt]
+    float* u = scratch_floats(static_cast<size_t>(cnt * n_tok), 2);   // [n_tok, live]
+    float* down = scratch_floats(static_cast<size_t>(dm + n_tok), 3);  // [dm] + h [n_tok]
+    int32_t* live = scratch_ints(static_cast<size_t>(2 * cnt));      // slot ids, then their column in g
+    dots(arena.gate, 0, slots + s0, cnt, g);
+    int64_t n_live = 0;
+    for (int64_t r = 0; r < cnt; ++r) {
+      bool any = thresholds == nullptr;
+      for (int64_t t = 0; t < n_tok && !any; ++t) any = std::fabs(g[t * cnt + r]) >= thresholds[t];
+      if (any) live[n_live] = slots[s0 + r], live[cnt + n_live] = static_cast<int32_t>(r), ++n_live;
+    }
+    if (n_live == 0) return;
+    dots(arena.up, rb_g, live, n_live, u);
+    float* h = down + dm;
+    for (int64_t i = 0; i < n_live; ++i) {
+      const int64_t r = live[cnt + i];
+      for (int64_t t = 0; t < n_tok; ++t) {
+        const float gv = g[t * cnt + r];
+        h[t] = (thresholds && std::fabs(gv) < thresholds[t]) ? 0.0f : gv;
+      }
+      // h = act(gate) * up for this neuron, per token.
+      for (int64_t t = 0; t < n_tok; ++t) u[t * n_live + i] = h[t] == 0.0f ? 0.0f : u[t * n_live + i];
+      float hv[64];
+      for (int64_t t0 = 0; t0 < n_tok; t0 += 64) {
+        const int64_t nt = std::min<int64_t>(64, n_tok - t0);
+        float uv[64];
+        for (int64_t t = 0; t < nt; ++t) uv[t] = u[(t0 + t) * n_live + i];
+        kt.gated_act[int(act)].fn(h + t0, uv, hv, nt);
+        for (int64_t t = 0; t < nt; ++t) h[t0 + t] = hv[t];
+      }
+      const uint8_t* col = arena.data + static_cast<size_t>(live[i]) * stride + rb_g + rb_u;
+      kt.dequant[int(arena.down)].fn(col, dm, down);
+      kt.axpy_rows.fn(down, dm, h, n_tok, part, dm);
+    }
+  });
+  for (int th = 0; th < threads; ++th) {
+    if (!used[th]) continue;
+    const float* part = partial.data() + th * n_tok * dm;
+    for (int64_t i = 0; i < n_tok * dm; ++i) out[i] += part[i];
+  }
+}
+
+}  // namespace ef

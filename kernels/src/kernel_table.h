@@ -1,0 +1,105 @@
+// The dispatch table: one function pointer per kernel (per weight format where relevant), each
+// with the name of the instruction-set level that provides it. Levels install themselves in
+// order (ref, then e.g. avx2, avx512), each overwriting the entries it implements.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include "edgeflash/formats.h"
+#include "edgeflash/kernels.h"
+
+namespace ef {
+
+// Rows of a weight matrix: row r is at base + (index ? index[r] : r) * stride.
+struct RowsView {
+  const uint8_t* base;
+  size_t stride;
+  const int32_t* index;
+  int64_t cols;
+  const uint8_t* row(int64_t r) const { return base + static_cast<size_t>(index ? index[r] : r) * stride; }
+};
+
+// Q8 activations of n tokens (see QuantizedActs).
+struct Q8View {
+  const int8_t* q;   // [n, cols]
+  const float* d;    // [n, cols / 32]
+  const float* s16;  // [n, cols / 16]
+  int64_t cols;
+};
+
+// y[t * ldy + (r - r0)] for rows r in [r0, r1) and tokens t in [t0, t1).
+using GemmQ8Fn = void (*)(const RowsView& w, int64_t r0, int64_t r1, const Q8View& x, int64_t t0, int64_t t1,
+                          float* y, int64_t ldy);
+// Float weights (f32, f16) with f32 activations x: [.., cols] (row stride cols).
+using GemmF32Fn = void (*)(const RowsView& w, int64_t r0, int64_t r1, const float* x, int64_t t0, int64_t t1,
+                           float* y, int64_t ldy);
+using DequantRowFn = void (*)(const uint8_t* row, int64_t cols, float* out);
+using QuantizeActsFn = void (*)(const float* x, int64_t cols, int8_t* q, float* d, float* s16);
+// out[t * ld + i] += h[t] * v[i] for i < d, t < n_tok, skipping tokens with h[t] == 0.
+using AxpyRowsFn = void (*)(const float* v, int64_t d, const float* h, int64_t n_tok, float* out, int64_t ld);
+
+// One chunk of slots [0, c) of one KV head for R query rows, flash-attention style: scores,
+// visibility, online softmax (running max m and sum l per row), accumulate into acc.
+struct AttnChunk {
+  const float* q;        // [R, hd]
+  int64_t R, hd;
+  const uint8_t* k;      // first key row of the chunk; rows row_bytes apart
+  const uint8_t* v;
+  size_t row_bytes;
+  int64_t c;
+  const uint8_t* vis;    // [R, c] nonzero = visible
+  float scale, softcap;
+  float* m;              // [R]
+  float* l;              // [R]
+  float* acc;            // [R, hd]
+  float* scratch;        // R * c + 2 * hd floats
+};
+using AttnChunkFn = void (*)(const AttnChunk& a);
+
+using RmsNormFn = void (*)(const float* x, const float* w, float* y, int64_t n, int64_t d, float eps);
+// x: [n, n_heads, hd]; cs: [n, rot_dim] = cos for the first half, sin for the second.
+using RopeApplyFn = void (*)(float* x, int64_t n, int64_t n_heads, int64_t hd, int64_t rot_dim, const float* cs);
+using GatedActFn = void (*)(const float* g, const float* u, float* y, int64_t count);
+using SoftmaxFn = void (*)(const float* x, float* y, int64_t n, int64_t d);
+using ArgmaxFn = int32_t (*)(const float* x, int64_t d);
+using TopkFn = void (*)(const float* x, int64_t d, int64_t k, float* values, int32_t* indices);
+
+template <class Fn>
+struct Entry {
+  Fn fn = nullptr;
+  const char* isa = "none";
+  void set(Fn f, const char* name) {
+    fn = f;
+    isa = name;
+  }
+};
+
+struct KernelTable {
+  Entry<GemmQ8Fn> gemm_q8[kFormatCount];     // quantized formats
+  Entry<GemmF32Fn> gemm_f32[kFormatCount];   // f32, f16
+  Entry<DequantRowFn> dequant[kFormatCount];
+  Entry<QuantizeActsFn> quantize_acts;
+  Entry<AxpyRowsFn> axpy_rows;
+  Entry<AttnChunkFn> attn_chunk[2];          // [0] f16 cache, [1] q8_0 cache
+  Entry<RmsNormFn> rms_norm;
+  Entry<RopeApplyFn> rope_apply;
+  Entry<GatedActFn> gated_act[2];            // by Activation
+  Entry<SoftmaxFn> softmax;
+  Entry<ArgmaxFn> argmax;
+  Entry<TopkFn> topk;
+};
+
+// The table currently in use (never null).
+const KernelTable& kernels();
+
+// Installers, one per instruction-set level (each in its own sources and compile flags).
+void install_ref(KernelTable& t);
+void install_avx2(KernelTable& t);
+void install_avx512(KernelTable& t);
+void install_neon(KernelTable& t);
+void install_neon_dotprod(KernelTable& t);
+
+inline int attn_index(Format f) { return f == Format::q8_0 ? 1 : 0; }
+
+}  // namespace ef

@@ -1,0 +1,188 @@
+// GEMV / small-batch GEMM entry points: argument checks, activation quantization, and the split
+// of rows over the thread pool. The arithmetic lives in the per-ISA kernels of the table.
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <string>
+
+#include "kernel_table.h"
+#include "scratch.h"
+
+namespace ef {
+namespace {
+
+void check_weights(const WeightMatrix& w, const char* what) {
+  if (!w.data) throw KernelError(std::string(what) + ": weight buffer is null");
+  if (w.rows <= 0) throw KernelError(std::string(what) + ": weight rows must be positive, got " + std::to_string(w.rows));
+  check_cols(w.fmt, w.cols, what);
+  const size_t rb = row_bytes(w.fmt, w.cols);
+  const size_t stride = w.stride ? w.stride : rb;
+  if (stride < rb)
+    throw KernelError(std::string(what) + ": row stride " + std::to_string(stride) + " is below the row size " +
+                      std::to_string(rb));
+  const size_t need = static_cast<size_t>(w.rows - 1) * stride + rb;
+  if (w.size_bytes < need)
+    throw KernelError(std::string(what) + ": weight buffer holds " + std::to_string(w.size_bytes) + " bytes, " +
+                      std::to_string(w.rows) + " rows of " + format_info(w.fmt).name + " need " + std::to_string(need));
+}
+
+RowsView view_of(const WeightMatrix& w, const int32_t* index) {
+  const size_t rb = row_bytes(w.fmt, w.cols);
+  return RowsView{w.data, w.stride ? w.stride : rb, index, w.cols};
+}
+
+// Row chunk per task: enough tasks to balance the threads, few enough that claiming is cheap;
+// with many tokens, small enough that a chunk of weights stays in L1/L2 across token tiles.
+int64_t rows_per_task(int64_t rows, int64_t n_tok, size_t row_bytes_) {
+  const int64_t threads = get_num_threads();
+  int64_t chunk = threads == 1 ? rows : std::max<int64_t>(8, (rows + 4 * threads - 1) / (4 * threads));
+  if (n_tok > 4) chunk = std::min<int64_t>(chunk, std::max<int64_t>(4, (24 << 10) / static_cast<int64_t>(row_bytes_)));
+  return std::max<int64_t>(1, std::min(chunk, rows));
+}
+
+void run_gemm_q8(const RowsView& v, int64_t rows, size_t rb, Format fmt, const QuantizedActs& xq, float* y) {
+  const GemmQ8Fn fn = kernels().gemm_q8[int(fmt)].fn;
+  const Q8View xv{xq.q(), xq.d(), xq.s16(), xq.cols()};
+  const int64_t n = xq.n(), chunk = rows_per_task(rows, n, rb);
+  const int64_t tasks = (rows + chunk - 1) / chunk;
+  ThreadPool::global().run(tasks, [&](int64_t task, int) {
+    const int64_t r0 = task * chunk, r1 = std::min(rows, r0 + chunk);
+    fn(v, r0, r1, xv, 0, n, y + r0, rows);
+  });
+}
+
+void run_gemm_f32(const RowsView& v, int64_t rows, size_t rb, Format fmt, const float* x, int64_t n, float* y) {
+  const GemmF32Fn fn = kernels().gemm_f32[int(fmt)].fn;
+  const int64_t chunk = rows_per_task(rows, n, rb);
+  const int64_t tasks = (rows + chunk - 1) / chunk;
+  ThreadPool::global().run(tasks, [&](int64_t task, int) {
+    const int64_t r0 = task * chunk, r1 = std::min(rows, r0 + chunk);
+    fn(v, r0, r1, x, 0, n, y + r0, rows);
+  });
+}
+
+// Quantized weights with f32 activations: dequantize a chunk of rows, then the f32 kernel.
+void run_gemm_dequant(const RowsView& v, int64_t rows, size_t rb, Format fmt, const float* x, int64_t n, float* y) {
+  const KernelTable& t = kernels();
+  const DequantRowFn dq = t.dequant[int(fmt)].fn;
+  const GemmF32Fn fn = t.gemm_f32[int(Format::f32)].fn;
+  const int64_t cols = v.cols;
+  const int64_t chunk = std::min<int64_t>(rows_per_task(rows, n, rb), std::max<int64_t>(1, (64 << 10) / (4 * cols)));
+  const int64_t tasks = (rows + chunk - 1) / chunk;
+  ThreadPool::global().run(tasks, [&](int64_t task, int) {
+    const int64_t r0 = task * chunk, r1 = std::min(rows, r0 + chunk);
+    float* buf = scratch_floats(static_cast<size_t>(chunk * cols));
+    for (int64_t r = r0; r < r1; ++r) dq(v.row(r), cols, buf + (r - r0) * cols);
+    const RowsView fv{reinterpret_cast<const uint8_t*>(buf), static_cast<size_t>(cols) * 4, nullptr, cols};
+    fn(fv, 0, r1 - r0, x, 0, n, y + r0, rows);
+  });
+}
+
+void matmul_impl(const WeightMatrix& w, const int32_t* index, int64_t out_rows, const float* x, int64_t n, float* y,
+                 ActPrecision prec) {
+  if (!x || !y) throw KernelError("matmul: activation or output buffer is null");
+  if (n <= 0) throw KernelError("matmul: the number of activation rows must be positive, got " + std::to_string(n));
+  const RowsView v = view_of(w, index);
+  const size_t rb = row_bytes(w.fmt, w.cols);
+  if (!format_info(w.fmt).quantized) {
+    run_gemm_f32(v, out_rows, rb, w.fmt, x, n, y);
+  } else if (prec == ActPrecision::f32) {
+    run_gemm_dequant(v, out_rows, rb, w.fmt, x, n, y);
+  } else {
+    thread_local QuantizedActs xq;
+    xq.quantize(x, n, w.cols);
+    run_gemm_q8(v, out_rows, rb, w.fmt, xq, y);
+  }
+}
+
+void check_row_ids(const int32_t* rows, int64_t n_rows, int64_t limit, const char* what) {
+  if (n_rows <= 0) throw KernelError(std::string(what) + ": the row list is empty");
+  if (!rows) throw KernelError(std::string(what) + ": the row list is null");
+  for (int64_t i = 0; i < n_rows; ++i)
+    if (rows[i] < 0 || rows[i] >= limit)
+      throw KernelError(std::string(what) + ": row index " + std::to_string(rows[i]) + " at position " +
+                        std::to_string(i) + " is outside [0, " + std::to_string(limit) + ")");
+}
+
+}  // namespace
+
+void QuantizedActs::quantize(const float* x, int64_t n, int64_t cols) {
+  if (!x) throw KernelError("quantize activations: input is null");
+  if (n <= 0) throw KernelError("quantize activations: the number of rows must be positive");
+  if (cols <= 0 || cols % 32) throw KernelError("quantize activations: columns must be a positive multiple of 32, got " + std::to_string(cols));
+  n_ = n;
+  cols_ = cols;
+  if (q_.size() < static_cast<size_t>(n * cols)) q_.resize(static_cast<size_t>(n * cols));
+  if (d_.size() < static_cast<size_t>(n * cols / 32)) d_.resize(static_cast<size_t>(n * cols / 32));
+  if (s16_.size() < static_cast<size_t>(n * cols / 16)) s16_.resize(static_cast<size_t>(n * cols / 16));
+  const QuantizeActsFn fn = kernels().quantize_acts.fn;
+  auto one = [&](int64_t t, int) { fn(x + t * cols, cols, q_.data() + t * cols, d_.data() + t * cols / 32, s16_.data() + t * cols / 16); };
+  if (n * cols < (1 << 15)) {
+    for (int64_t t = 0; t < n; ++t) one(t, 0);
+  } else {
+    ThreadPool::global().run(n, one);
+  }
+}
+
+void matmul(const WeightMatrix& w, const float* x, int64_t n, float* y, ActPrecision prec) {
+  check_weights(w, "matmul");
+  matmul_impl(w, nullptr, w.rows, x, n, y, prec);
+}
+
+void matmul(const WeightMatrix& w, const QuantizedActs& xq, float* y) {
+  check_weights(w, "matmul");
+  if (!y) throw KernelError("matmul: output buffer is null");
+  if (!format_info(w.fmt).quantized)
+    throw KernelError(std::string("matmul: Q8 activations need a quantized weight format, got ") + format_info(w.fmt).name);
+  if (xq.n() <= 0 || xq.cols() != w.cols)
+    throw KernelError("matmul: quantized activations have " + std::to_string(xq.cols()) + " columns, weights have " +
+                      std::to_string(w.cols));
+  run_gemm_q8(view_of(w, nullptr), w.rows, row_bytes(w.fmt, w.cols), w.fmt, xq, y);
+}
+
+void matmul_rows(const WeightMatrix& w, const int32_t* rows, int64_t n_rows, const float* x, int64_t n, float* y,
+                 ActPrecision prec) {
+  check_weights(w, "matmul_rows");
+  check_row_ids(rows, n_rows, w.rows, "matmul_rows");
+  matmul_impl(w, rows, n_rows, x, n, y, prec);
+}
+
+void dequantize_rows(const WeightMatrix& w, const int32_t* rows, int64_t n_rows, float* out) {
+  check_weights(w, "dequantize");
+  if (!out) throw KernelError("dequantize: output buffer is null");
+  if (rows) {
+    check_row_ids(rows, n_rows, w.rows, "dequantize");
+  } else if (n_rows != w.rows) {
+    throw KernelError("dequantize: without a row list all " + std::to_string(w.rows) + " rows are written");
+  }
+  const RowsView v = view_of(w, rows);
+  const DequantRowFn fn = kernels().dequant[int(w.fmt)].fn;
+  const int64_t cols = w.cols;
+  const int64_t chunk = std::max<int64_t>(1, (256 << 10) / (cols * 4));
+  ThreadPool::global().run((n_rows + chunk - 1) / chunk, [&](int64_t task, int) {
+    const int64_t r1 = std::min(n_rows, (task + 1) * chunk);
+    for (int64_t r = task * chunk; r < r1; ++r) fn(v.row(r), cols, out + r * cols);
+  });
+}
+
+double timed_read(const uint8_t* data, size_t bytes) {
+  if (!data || bytes < 4096) throw KernelError("timed_read: need a buffer of at least 4096 bytes");
+  const int64_t threads = get_num_threads();
+  const size_t chunk = (bytes / threads) & ~static_cast<size_t>(63);
+  std::atomic<uint64_t> sink{0};
+  const auto t0 = std::chrono::steady_clock::now();
+  ThreadPool::global().run(threads, [&](int64_t task, int) {
+    const uint64_t* p = reinterpret_cast<const uint64_t*>(data + task * chunk);
+    const size_t words = chunk / 8;
+    uint64_t a0 = 0, a1 = 0, a2 = 0, a3 = 0, a4 = 0, a5 = 0, a6 = 0, a7 = 0;
+    for (size_t i = 0; i + 8 <= words; i += 8) {
+      a0 += p[i], a1 += p[i + 1], a2 += p[i + 2], a3 += p[i + 3];
+      a4 += p[i + 4], a5 += p[i + 5], a6 += p[i + 6], a7 += p[i + 7];
+    }
+    sink.fetch_xor(a0 + a1 + a2 + a3 + a4 + a5 + a6 + a7);
+  });
+  const auto t1 = std::chrono::steady_clock::now();
+  return std::chrono::duration<double>(t1 - t0).count();
+}
+
+}  // namespace ef

@@ -1,0 +1,68 @@
+// Bad calls throw ef::KernelError instead of touching memory out of bounds.
+#include "test_util.h"
+
+namespace eftest {
+namespace {
+
+template <class F>
+void expect_throw(const std::string& what, F&& f) {
+  bool thrown = false;
+  try {
+    f();
+  } catch (const ef::KernelError&) {
+    thrown = true;
+  }
+  expect(thrown, "no KernelError for " + what);
+}
+
+}  // namespace
+
+void test_errors() {
+  const int64_t rows = 4, cols = 64;
+  auto w = random_weights(ef::Format::q4_0, rows, cols);
+  std::vector<float> x(2 * cols, 1.0f), y(2 * rows);
+  ef::WeightMatrix m{w.data(), w.size(), ef::Format::q4_0, rows, cols, 0};
+  ef::WeightMatrix short_buf = m;
+  short_buf.size_bytes -= 1;
+  expect_throw("a weight buffer one byte short", [&] { ef::matmul(short_buf, x.data(), 2, y.data()); });
+  ef::WeightMatrix bad_cols = m;
+  bad_cols.cols = 48;
+  expect_throw("cols not a multiple of the block", [&] { ef::matmul(bad_cols, x.data(), 2, y.data()); });
+  expect_throw("zero activation rows", [&] { ef::matmul(m, x.data(), 0, y.data()); });
+  std::vector<int32_t> ids = {0, 4};
+  expect_throw("a row index out of range", [&] { ef::matmul_rows(m, ids.data(), 2, x.data(), 1, y.data()); });
+
+  ef::NeuronArena a{w.data(), w.size(), 1, cols, ef::Format::q4_0, ef::Format::q4_0, ef::Format::q4_0, 0};
+  std::vector<int32_t> slots = {0, 1};
+  std::vector<float> out(cols);
+  expect_throw("an arena too small for its slots", [&] {
+    ef::NeuronArena big = a;
+    big.n_slots = 2;
+    ef::ffn_sparse(big, x.data(), 1, slots.data(), 1, ef::Activation::silu, nullptr, out.data());
+  });
+  expect_throw("a slot outside the arena", [&] {
+    ef::ffn_sparse(a, x.data(), 1, slots.data(), 2, ef::Activation::silu, nullptr, out.data());
+  });
+
+  std::vector<uint8_t> K(2 * 8 * 64 * 2), V(K.size());
+  std::vector<int32_t> sp(8, -1);
+  ef::KvCache c{K.data(), V.data(), K.size(), ef::Format::f16, 2, 8, 64, sp.data()};
+  std::vector<float> kv(2 * 64);
+  std::vector<int32_t> slot = {8}, pos = {0};
+  expect_throw("a KV slot outside the cache", [&] { ef::kv_write(c, kv.data(), kv.data(), 1, slot.data(), pos.data()); });
+  ef::KvCache small = c;
+  small.size_bytes -= 2;
+  slot[0] = 0;
+  expect_throw("a KV buffer too small", [&] { ef::kv_write(small, kv.data(), kv.data(), 1, slot.data(), pos.data()); });
+  std::vector<float> q(3 * 64), o(3 * 64);
+  ef::AttentionArgs args;
+  args.q = q.data(), args.n_q = 1, args.n_heads = 3, args.q_pos = pos.data(), args.out = o.data();
+  expect_throw("n_heads not a multiple of n_kv_heads", [&] { ef::attention(c, args); });
+  ef::RopeParams p;
+  p.rot_dim = 65;
+  expect_throw("an odd rot_dim", [&] { ef::rope(q.data(), 1, 3, 64, pos.data(), p); });
+  expect_throw("k larger than the row", [&] { ef::topk(q.data(), 1, 4, 5, o.data(), slot.data()); });
+  expect_throw("an unknown instruction set", [&] { ef::use_isa("sse9"); });
+}
+
+}  // namespace eftest

@@ -1,0 +1,128 @@
+// Sparse FFN over a neuron-bundle arena: against the reference twin, against plain math on the
+// dequantized bundles, thresholds, accumulation and duplicate slots.
+#include <algorithm>
+
+#include "test_util.h"
+
+namespace eftest {
+namespace {
+
+using ef::Format;
+
+struct Arena {
+  std::vector<uint8_t> bytes;
+  ef::NeuronArena view;
+  std::vector<float> gate, up, down;  // dequantized [n_slots, d_model] each
+};
+
+Arena make_arena(Format g, Format u, Format d, int64_t n_slots, int64_t dm, size_t pad) {
+  Arena a;
+  const size_t rg = ef::row_bytes(g, dm), ru = ef::row_bytes(u, dm), rd = ef::row_bytes(d, dm);
+  const size_t stride = rg + ru + rd + pad;
+  a.bytes.assign(stride * n_slots, 0xAB);
+  const auto wg = random_weights(g, n_slots, dm), wu = random_weights(u, n_slots, dm), wd = random_weights(d, n_slots, dm);
+  for (int64_t s = 0; s < n_slots; ++s) {
+    std::memcpy(a.bytes.data() + s * stride, wg.data() + s * rg, rg);
+    std::memcpy(a.bytes.data() + s * stride + rg, wu.data() + s * ru, ru);
+    std::memcpy(a.bytes.data() + s * stride + rg + ru, wd.data() + s * rd, rd);
+  }
+  a.gate = ref_dequant(g, wg, n_slots, dm);
+  a.up = ref_dequant(u, wu, n_slots, dm);
+  a.down = ref_dequant(d, wd, n_slots, dm);
+  a.view = ef::NeuronArena{a.bytes.data(), a.bytes.size(), n_slots, dm, g, u, d, stride};
+  return a;
+}
+
+double act(double v, ef::Activation k) {
+  if (k == ef::Activation::silu) return v / (1.0 + std::exp(-v));
+  return 0.5 * v * (1.0 + std::tanh(0.7978845608028654 * (v + 0.044715 * v * v * v)));
+}
+
+std::vector<float> run(const Arena& a, const std::vector<float>& x, int64_t n_tok, const std::vector<int32_t>& slots,
+                       ef::Activation k, const float* thr, std::vector<float> out = {}) {
+  const bool acc = !out.empty();
+  if (!acc) out.assign(n_tok * a.view.d_model, 0.0f);
+  ef::ffn_sparse(a.view, x.data(), n_tok, slots.data(), slots.size(), k, thr, out.data(), acc);
+  return out;
+}
+
+}  // namespace
+
+void test_ffn() {
+  struct Combo {
+    Format g, u, d;
+    int64_t dm;
+  };
+  const Combo combos[] = {{Format::q8_0, Format::q8_0, Format::q8_0, 96},
+                          {Format::q4_0, Format::q4_1, Format::q5_0, 640},
+                          {Format::f16, Format::f32, Format::f16, 64},
+                          {Format::q4_lut, Format::q4_lut, Format::q8_0, 128},
+                          {Format::q8_0, Format::f16, Format::q4_0, 96}};
+  for (const auto& cb : combos) {
+    const int64_t n_slots = 70, dm = cb.dm;
+    const Arena a = make_arena(cb.g, cb.u, cb.d, n_slots, dm, 16);
+    std::vector<int32_t> slots;
+    for (int i = 0; i < 53; ++i) slots.push_back(static_cast<int32_t>((i * 37 + 5) % n_slots));
+    slots.push_back(slots[3]);  // a duplicate counts twice
+    const std::string tag = std::string(ef::format_info(cb.g).name) + "/" + ef::format_info(cb.u).name + "/" +
+                            ef::format_info(cb.d).name + " d_model=" + std::to_string(dm);
+    for (auto kind : {ef::Activation::silu, ef::Activation::gelu_tanh}) {
+      for (int64_t n_tok : {1, 3, 64}) {
+        const auto x = randn(n_tok * dm);
+        const auto want = under("ref", [&] { return run(a, x, n_tok, slots, kind, nullptr); });
+        const auto got = run(a, x, n_tok, slots, kind, nullptr);
+        // Plain math in double on the dequantized bundles (f32 activations).
+        std::vector<float> exact(n_tok * dm);
+        std::vector<double> mag(n_tok * dm, 0.0);
+        for (int64_t t = 0; t < n_tok; ++t) {
+          std::vector<double> o(dm, 0.0);
+          for (int32_t s : slots) {
+            double g = 0.0, u = 0.0;
+            for (int64_t c = 0; c < dm; ++c) g += a.gate[s * dm + c] * x[t * dm + c], u += a.up[s * dm + c] * x[t * dm + c];
+            const double h = act(g, kind) * u;
+            for (int64_t c = 0; c < dm; ++c) o[c] += h * a.down[s * dm + c], mag[t * dm + c] += std::fabs(h * a.down[s * dm + c]);
+          }
+          for (int64_t c = 0; c < dm; ++c) exact[t * dm + c] = static_cast<float>(o[c]);
+        }
+        const std::string ctx = tag + " n_tok=" + std::to_string(n_tok);
+        const auto e = rel_err(got, want, mag, 1e-6);
+        expect(e.max_err <= 1e-4, "ffn_sparse vs reference " + ctx + ": " + std::to_string(e.max_err));
+        const auto es = rel_err(want, exact, mag, 1e-6);
+        expect(es.max_err <= 0.05, "ffn_sparse reference vs exact math " + ctx + ": " + std::to_string(es.max_err));
+        // accumulate adds onto what is there
+        std::vector<float> base(n_tok * dm, 0.5f);
+        const auto acc = run(a, x, n_tok, slots, kind, nullptr, base);
+        bool ok = true;
+        for (size_t i = 0; i < acc.size(); ++i) ok &= std::fabs(acc[i] - (got[i] + 0.5f)) <= 1e-4 * (1.0 + mag[i]);
+        expect(ok, "ffn_sparse accumulate " + ctx);
+      }
+      // Thresholds: one token; the result equals the unthresholded FFN over the surviving slots.
+      const auto x = randn(dm);
+      std::vector<float> g(slots.size());
+      ef::matmul_rows(ef::WeightMatrix{a.bytes.data(), a.bytes.size(), cb.g, n_slots, dm, a.view.stride}, slots.data(),
+                      slots.size(), x.data(), 1, g.data());
+      std::vector<float> mags;
+      for (float v : g) mags.push_back(std::fabs(v));
+      std::sort(mags.begin(), mags.end());
+      size_t gap = mags.size() / 2;  // threshold in the middle of a clear gap near the median
+      for (size_t i = mags.size() / 3; i + 1 < 2 * mags.size() / 3; ++i)
+        if (mags[i + 1] - mags[i] > mags[gap + 1] - mags[gap]) gap = i;
+      const float thr = 0.5f * (mags[gap] + mags[gap + 1]);
+      std::vector<int32_t> kept;
+      for (size_t i = 0; i < slots.size(); ++i)
+        if (std::fabs(g[i]) >= thr) kept.push_back(slots[i]);
+      expect(!kept.empty() && kept.size() < slots.size(), "ffn_sparse threshold test keeps a proper subset");
+      const auto with_thr = run(a, x, 1, slots, kind, &thr);
+      const auto subset = run(a, x, 1, kept, kind, nullptr);
+      const auto ref_thr = under("ref", [&] { return run(a, x, 1, slots, kind, &thr); });
+      double scale = 1e-6;
+      for (float v : subset) scale = std::max(scale, static_cast<double>(std::fabs(v)));
+      expect(rel_err(with_thr, subset, {scale}).max_err <= 1e-4, "ffn_sparse thresholds " + tag + " differ from the kept subset");
+      expect(rel_err(with_thr, ref_thr, {scale}).max_err <= 1e-4, "ffn_sparse thresholds " + tag + " differ from the reference");
+    }
+  }
+  note_impl("axpy_rows");
+  note_impl("gated_silu");
+}
+
+}  // namespace eftest

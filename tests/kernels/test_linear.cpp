@@ -1,0 +1,155 @@
+// GEMV / small GEMM, dequantization, activation quantization, row gathers, weight quantizers.
+#include <algorithm>
+#include <map>
+
+#include "test_util.h"
+
+namespace eftest {
+namespace {
+
+using ef::Format;
+
+const Format kAll[] = {Format::f32, Format::f16, Format::q8_0, Format::q4_0, Format::q4_1,
+                       Format::q5_0, Format::q4_k, Format::q6_k, Format::q4_lut};
+
+std::vector<int64_t> cols_for(Format f) {
+  const int be = ef::format_info(f).block_elems;
+  if (be == 1) return {1, 7, 33, 100, 640};
+  if (be == 256) return {256, 768};
+  return {32, 96, 640};
+}
+
+// Per-output magnitude sum_c |w[r, c] x[t, c]|: the natural scale of summation-order error.
+std::vector<double> magnitudes(const std::vector<float>& wdq, const std::vector<float>& x, int64_t rows, int64_t cols,
+                               int64_t n) {
+  std::vector<double> m(n * rows);
+  for (int64_t t = 0; t < n; ++t)
+    for (int64_t r = 0; r < rows; ++r) {
+      double s = 0.0;
+      for (int64_t c = 0; c < cols; ++c) s += std::fabs(static_cast<double>(wdq[r * cols + c]) * x[t * cols + c]);
+      m[t * rows + r] = s;
+    }
+  return m;
+}
+
+std::vector<float> run_matmul(const ef::WeightMatrix& w, const std::vector<float>& x, int64_t n, ef::ActPrecision p) {
+  std::vector<float> y(n * w.rows);
+  ef::matmul(w, x.data(), n, y.data(), p);
+  return y;
+}
+
+struct Sqnr {
+  double signal = 0.0, noise = 0.0;
+};
+std::map<std::string, Sqnr> g_sqnr;
+bool g_sqnr_printed = false;
+
+}  // namespace
+
+void test_linear() {
+  for (Format f : kAll) {
+    const std::string fmt = ef::format_info(f).name;
+    const bool quantized = ef::format_info(f).quantized;
+    for (int64_t cols : cols_for(f)) {
+      for (int64_t rows : {1, 7, 33}) {
+        const auto wb = random_weights(f, rows, cols);
+        const auto wdq = ref_dequant(f, wb, rows, cols);
+        const ef::WeightMatrix w{wb.data(), wb.size(), f, rows, cols, 0};
+        for (int64_t n : {1, 3, 4, 5, 64}) {
+          const auto x = randn(n * cols);
+          const auto mag = magnitudes(wdq, x, rows, cols, n);
+          const std::string tag = fmt + " rows=" + std::to_string(rows) + " cols=" + std::to_string(cols) +
+                                  " n=" + std::to_string(n);
+          const auto want = under("ref", [&] { return run_matmul(w, x, n, ef::ActPrecision::q8); });
+          const auto got = run_matmul(w, x, n, ef::ActPrecision::q8);
+          const auto e = rel_err(got, want, mag);
+          expect(e.max_err <= 3e-5, "matmul " + tag + ": error " + std::to_string(e.max_err) + " > 3e-5 of sum|w x|");
+          if (quantized) {
+            // f32 activations (dequantize, then float GEMM): against the reference twin and exact math.
+            const auto want32 = under("ref", [&] { return run_matmul(w, x, n, ef::ActPrecision::f32); });
+            const auto got32 = run_matmul(w, x, n, ef::ActPrecision::f32);
+            const auto e32 = rel_err(got32, want32, mag);
+            expect(e32.max_err <= 1e-5, "matmul f32-act " + tag + ": error " + std::to_string(e32.max_err));
+            // Accuracy cost of Q8 activations against exact f32 activations.
+            Sqnr& s = g_sqnr[fmt];
+            for (size_t i = 0; i < got.size(); ++i) {
+              s.signal += static_cast<double>(want32[i]) * want32[i];
+              s.noise += (static_cast<double>(got[i]) - want32[i]) * (static_cast<double>(got[i]) - want32[i]);
+            }
+          }
+        }
+        // Dequantization against the reference twin.
+        std::vector<float> dq(rows * cols);
+        ef::dequantize_rows(w, nullptr, rows, dq.data());
+        double amax = 0.0;
+        for (float v : wdq) amax = std::max(amax, static_cast<double>(std::fabs(v)));
+        const auto ed = rel_err(dq, wdq, {amax});
+        expect(ed.max_err <= 1e-6, "dequantize " + fmt + ": error " + std::to_string(ed.max_err));
+        // Gathered rows (with a repeat) equal the same rows of the full product.
+        std::vector<int32_t> ids = {static_cast<int32_t>(rows - 1), 0, static_cast<int32_t>(rows / 2), 0};
+        const int64_t n = 3;
+        const auto x = randn(n * cols);
+        const auto full = run_matmul(w, x, n, ef::ActPrecision::q8);
+        std::vector<float> part(n * ids.size());
+        ef::matmul_rows(w, ids.data(), ids.size(), x.data(), n, part.data());
+        bool same = true;
+        for (int64_t t = 0; t < n; ++t)
+          for (size_t i = 0; i < ids.size(); ++i) same &= part[t * ids.size() + i] == full[t * rows + ids[i]];
+        expect(same, "matmul_rows " + fmt + " differs from the rows of matmul");
+        std::vector<float> drows(ids.size() * cols);
+        ef::dequantize_rows(w, ids.data(), ids.size(), drows.data());
+        same = true;
+        for (size_t i = 0; i < ids.size(); ++i)
+          for (int64_t c = 0; c < cols; ++c) same &= drows[i * cols + c] == dq[ids[i] * cols + c];
+        expect(same, "dequantize_rows " + fmt + " differs from full dequantization");
+      }
+    }
+    note_impl(quantized ? "gemm_q8_" + fmt : "gemm_f32_" + fmt);
+    note_impl("dequant_" + fmt);
+  }
+  note_impl("gemm_f32_f32");
+
+  // Q8 activation codes and scales are bit-identical at every level (same rounding rules).
+  {
+    const int64_t n = 5, cols = 640;
+    auto x = randn(n * cols, 3.0f);
+    x[7] = 0.0f;
+    std::fill(x.begin() + 64, x.begin() + 96, 0.0f);  // an all-zero block
+    ef::QuantizedActs a, b;
+    under("ref", [&] { a.quantize(x.data(), n, cols); return 0; });
+    b.quantize(x.data(), n, cols);
+    expect(std::memcmp(a.q(), b.q(), n * cols) == 0, "quantized activation codes differ from the reference");
+    expect(std::memcmp(a.d(), b.d(), n * cols / 32 * 4) == 0, "activation scales differ from the reference");
+    expect(std::memcmp(a.s16(), b.s16(), n * cols / 16 * 4) == 0, "activation half sums differ from the reference");
+    note_impl("quantize_acts");
+  }
+
+  // Weight quantizers: round trip error within what each format can represent.
+  {
+    const int64_t rows = 9, cols = 256;
+    const auto x = randn(rows * cols);
+    const std::pair<Format, double> limits[] = {{Format::q8_0, 0.01}, {Format::q4_0, 0.15}, {Format::q4_1, 0.12},
+                                                {Format::q5_0, 0.07}, {Format::q4_lut, 0.12}, {Format::f16, 1e-3}};
+    for (const auto& [f, lim] : limits) {
+      std::vector<uint8_t> q(ef::row_bytes(f, cols) * rows);
+      ef::quantize_rows(x.data(), rows, cols, f, q.data(), q.size());
+      const auto back = ref_dequant(f, q, rows, cols);
+      double num = 0.0, den = 0.0;
+      for (size_t i = 0; i < x.size(); ++i) num += (back[i] - x[i]) * (back[i] - x[i]), den += x[i] * x[i];
+      const double rel = std::sqrt(num / den);
+      expect(rel <= lim, std::string("quantize_rows ") + ef::format_info(f).name + ": relative RMS error " +
+                             std::to_string(rel) + " > " + std::to_string(lim));
+    }
+  }
+
+  if (!g_sqnr_printed) {
+    g_sqnr_printed = true;
+    for (const auto& [fmt, s] : g_sqnr) {
+      const double db = 10.0 * std::log10(s.signal / std::max(s.noise, 1e-300));
+      std::printf("Q8-activation SQNR vs f32 activations, %s weights: %.1f dB\n", fmt.c_str(), db);
+      expect(db >= 35.0, "Q8 activation SQNR for " + fmt + " is only " + std::to_string(db) + " dB");
+    }
+  }
+}
+
+}  // namespace eftest
