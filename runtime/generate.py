@@ -1,0 +1,143 @@
+"""The generation loop shared by every engine: prefill, sample, decode, stop, stream, time."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any, Iterator, Sequence
+
+from edgeflash.errors import UserError
+from edgeflash.memory.rss import peak_rss_bytes
+from edgeflash.runtime.engine import Engine
+from edgeflash.runtime.sampler import Sampler, SamplingParams
+
+
+@dataclass
+class GenerationResult:
+    text: str
+    tokens: list[int]
+    finish_reason: str  # "stop" (EOS or stop string), "length" (max_tokens or context full)
+    stats: dict[str, Any] = field(default_factory=dict)
+
+
+class Generation:
+    """Iterate to receive text pieces as they are decoded; afterwards `.result()` has everything.
+
+    Text that might be the start of a stop string is held back until it is known not to be."""
+
+    def __init__(self, engine: Engine, prompt_ids: Sequence[int], max_tokens: int, sampling: SamplingParams,
+                 stop: Sequence[str] = ()):
+        if max_tokens < 0:
+            raise UserError(f"max_tokens = {max_tokens}: expected an integer >= 0")
+        if not prompt_ids:
+            raise UserError("the prompt is empty (no tokens to condition on)")
+        if len(prompt_ids) >= engine.context_length:
+            raise UserError(f"the prompt has {len(prompt_ids)} tokens but the context holds {engine.context_length}")
+        self.engine, self.prompt_ids, self.max_tokens = engine, list(prompt_ids), max_tokens
+        self.sampler = Sampler(sampling)
+        self.stop = [s for s in stop if s]
+        self.tokens: list[int] = []
+        self.text = ""
+        self.finish_reason = "length"
+        self.stats: dict[str, Any] = {}
+        self._done = False
+
+    def __iter__(self) -> Iterator[str]:
+        from edgeflash.runtime.tokenizer import StreamDecoder
+
+        engine, tok = self.engine, self.engine.tokenizer
+        decoder = StreamDecoder(tok)
+        eos = set(tok.eos_ids)
+        emitted = 0  # characters of self.text already yielded
+        t_start = time.perf_counter()
+        reused = _reuse_prefix(engine, self.prompt_ids)
+        logits = engine.forward(self.prompt_ids[reused:])[-1]
+        t_first = time.perf_counter()
+        prefill_s = t_first - t_start
+        steps = 0
+        ttft = None
+        stopped_by_string = False
+        history = list(self.prompt_ids)
+        while len(self.tokens) < self.max_tokens:
+            token = self.sampler(logits, history)
+            if ttft is None:
+                ttft = time.perf_counter() - t_start
+            if token in eos:
+                self.finish_reason = "stop"
+                break
+            self.tokens.append(token)
+            history.append(token)
+            self.text += decoder.push(token)
+            cut = _find_stop(self.text, self.stop)
+            if cut is not None:
+                self.text = self.text[:cut]
+                self.finish_reason = "stop"
+                stopped_by_string = True
+                break
+            safe = len(self.text) - _stop_prefix_len(self.text, self.stop)
+            if safe > emitted:
+                yield self.text[emitted:safe]
+                emitted = safe
+            if len(self.tokens) >= self.max_tokens:
+                break
+            if len(engine.tokens) + 1 >= engine.context_length:
+                self.finish_reason = "length"
+                break
+            logits = engine.forward([token])[-1]
+            steps += 1
+        if not stopped_by_string:
+            self.text += decoder.flush()  # bytes of an unfinished character, if any
+        if len(self.text) > emitted:
+            yield self.text[emitted:]
+        t_end = time.perf_counter()
+        decode_s = t_end - t_first
+        self.stats = {
+            "engine": engine.name,
+            "prompt_tokens": len(self.prompt_ids),
+            "prompt_tokens_reused": reused,
+            "generated_tokens": len(self.tokens),
+            "prefill_s": round(prefill_s, 6),
+            "prefill_tok_s": round((len(self.prompt_ids) - reused) / prefill_s, 3) if prefill_s > 0 else None,
+            "decode_s": round(decode_s, 6),
+            "decode_tok_s": round(steps / decode_s, 3) if steps and decode_s > 0 else None,
+            "ttft_s": round(ttft, 6) if ttft is not None else None,
+            "peak_rss_bytes": peak_rss_bytes(),
+            "finish_reason": self.finish_reason,
+            **engine.stats(),
+        }
+        self._done = True
+
+    def result(self) -> GenerationResult:
+        if not self._done:
+            for _ in self:
+                pass
+        return GenerationResult(self.text, list(self.tokens), self.finish_reason, dict(self.stats))
+
+
+def _reuse_prefix(engine: Engine, prompt: list[int]) -> int:
+    """Keep the cached tokens the new prompt starts with; at least one prompt token is recomputed
+    so there are logits to sample from."""
+    common = 0
+    for a, b in zip(engine.tokens, prompt):
+        if a != b:
+            break
+        common += 1
+    common = min(common, len(prompt) - 1)
+    engine.truncate(common)
+    return common
+
+
+def _find_stop(text: str, stops: list[str]) -> int | None:
+    hits = [i for i in (text.find(s) for s in stops) if i >= 0]
+    return min(hits) if hits else None
+
+
+def _stop_prefix_len(text: str, stops: list[str]) -> int:
+    """Length of the longest suffix of `text` that is a proper prefix of a stop string."""
+    best = 0
+    for s in stops:
+        for k in range(min(len(s) - 1, len(text)), best, -1):
+            if text.endswith(s[:k]):
+                best = k
+                break
+    return best

@@ -1,0 +1,109 @@
+"""The Python API: `load` a model, then `generate`, `stream` or `chat` with it."""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+from typing import Any, Iterator, Sequence
+
+from edgeflash.errors import UserError
+from edgeflash.models import resolve_model
+from edgeflash.runtime.generate import Generation, GenerationResult
+from edgeflash.runtime.sampler import SamplingParams
+from edgeflash.runtime.source import ModelSource, open_model
+
+ENGINES = ("auto", "native", "reference")
+
+
+def load(model: str | Path = "default", *, memory_budget: str | int | None = None, threads: int = 2,
+         engine: str = "auto", context_length: int | None = None) -> Model:
+    """Open a GGUF file, a Hugging Face directory, a bundle or a model alias ("default")."""
+    if engine not in ENGINES:
+        raise UserError(f"engine = {engine!r}: expected one of {', '.join(ENGINES)}")
+    if threads < 1:
+        raise UserError(f"threads = {threads}: expected an integer >= 1")
+    if context_length is not None and context_length < 2:
+        raise UserError(f"context_length = {context_length}: expected an integer >= 2")
+    if memory_budget is not None:
+        raise UserError("memory_budget is not supported by this build yet")
+    source = open_model(resolve_model(model))
+    return Model(source, _make_engine(source, engine, threads, context_length))
+
+
+def _make_engine(source: ModelSource, engine: str, threads: int, context_length: int | None):
+    if engine == "native":
+        raise UserError("engine 'native' is not available in this build; use engine='reference'")
+    from edgeflash.runtime.reference import ReferenceEngine
+
+    return ReferenceEngine(source, context_length=context_length)
+
+
+class Model:
+    """A loaded model. Calls are serialized: one generation at a time per model."""
+
+    def __init__(self, source: ModelSource, engine: Any):
+        self.source = source
+        self.engine = engine
+        self.spec = source.spec
+        self.tokenizer = source.tokenizer
+        self._lock = threading.Lock()
+
+    @property
+    def name(self) -> str:
+        return self.source.name
+
+    def encode(self, text: str, add_bos: bool | None = None) -> list[int]:
+        return self.tokenizer.encode(text, add_bos=add_bos)
+
+    def decode(self, tokens: Sequence[int]) -> str:
+        return self.tokenizer.decode(tokens)
+
+    def generation(self, prompt: str | Sequence[int], max_tokens: int = 64, *, temperature: float = 0.0,
+                   top_k: int = 0, top_p: float = 1.0, min_p: float = 0.0, repetition_penalty: float = 1.0,
+                   seed: int | None = None, stop: Sequence[str] | str | None = None) -> Generation:
+        """A not-yet-started generation: iterate it for text pieces, then call `.result()`."""
+        ids = self.encode(prompt) if isinstance(prompt, str) else [int(t) for t in prompt]
+        params = SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p,
+                                repetition_penalty=repetition_penalty, seed=seed)
+        stops = [stop] if isinstance(stop, str) else list(stop or [])
+        return Generation(self.engine, ids, max_tokens, params, stops)
+
+    def generate(self, prompt: str | Sequence[int], max_tokens: int = 64, **options: Any) -> GenerationResult:
+        """Generate a completion; `result.text`, `result.tokens`, `result.stats`."""
+        with self._lock:
+            return self.generation(prompt, max_tokens, **options).result()
+
+    def stream(self, prompt: str | Sequence[int], max_tokens: int = 64, **options: Any) -> Iterator[str]:
+        """Yield text pieces as they are generated."""
+        with self._lock:
+            yield from self.generation(prompt, max_tokens, **options)
+
+    def chat_prompt(self, messages: Sequence[dict[str, str]]) -> list[int]:
+        """Token ids of a conversation rendered with the model's chat format, ready for the reply."""
+        from edgeflash.runtime.tokenizer import render_chat
+
+        for i, m in enumerate(messages):
+            if not isinstance(m, dict) or not isinstance(m.get("role"), str) or not isinstance(m.get("content"), str):
+                raise UserError(f"messages[{i}] must be a dict with string 'role' and 'content'")
+        text = render_chat(self.tokenizer, list(messages), add_generation_prompt=True)
+        ids = self.tokenizer.encode(text)
+        bos = self.tokenizer.bos_id
+        if len(ids) >= 2 and ids[0] == ids[1] == bos:  # the template wrote BOS itself
+            ids = ids[1:]
+        return ids
+
+    def chat(self, messages: Sequence[dict[str, str]], max_tokens: int = 256, **options: Any) -> GenerationResult:
+        """Reply to a conversation ([{"role": "user", "content": ...}, ...])."""
+        return self.generate(self.chat_prompt(messages), max_tokens, **options)
+
+    def chat_stream(self, messages: Sequence[dict[str, str]], max_tokens: int = 256, **options: Any) -> Iterator[str]:
+        yield from self.stream(self.chat_prompt(messages), max_tokens, **options)
+
+    def close(self) -> None:
+        self.engine.close()
+
+    def __enter__(self) -> Model:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()

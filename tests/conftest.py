@@ -1,0 +1,53 @@
+"""Shared fixtures: the two real models and their transformers references (loaded once)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+
+REAL_MODELS = ("gemma3-270m", "smollm2-135m")
+
+
+@pytest.fixture(scope="session")
+def model_path():
+    from edgeflash.models import resolve_model
+
+    return lambda alias: resolve_model(alias)
+
+
+@pytest.fixture(scope="session")
+def gemma_path() -> Path:
+    from edgeflash.models import resolve_model
+
+    return resolve_model("gemma3-270m")
+
+
+@pytest.fixture(scope="session")
+def smollm_path() -> Path:
+    from edgeflash.models import resolve_model
+
+    return resolve_model("smollm2-135m")
+
+
+_HF_CACHE: dict = {}
+
+
+def transformers_reference(path: Path):
+    """(tokenizer, fp32 model) from transformers for a GGUF file; cached for the session
+    because building the fp32 model from GGUF takes most of a minute."""
+    key = str(path)
+    if key not in _HF_CACHE:
+        import torch
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        torch.set_num_threads(2)
+        tok = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
+        model = AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, dtype=torch.float32)
+        model.eval()
+        _HF_CACHE[key] = (tok, model)
+    return _HF_CACHE[key]

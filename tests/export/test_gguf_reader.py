@@ -1,0 +1,86 @@
+"""Our GGUF header parser against the `gguf` package's reader, and its errors on bad files."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from edgeflash.errors import ModelFormatError, UnsupportedModelError
+from edgeflash.export.sources.gguf import GGUFFile
+from edgeflash.runtime.formats import FORMAT_BY_GGML_TYPE
+
+
+@pytest.mark.parametrize("alias", ["gemma3-270m", "smollm2-135m"])
+def test_matches_gguf_package(model_path, alias):
+    import gguf
+
+    path = model_path(alias)
+    ours = GGUFFile(path)
+    theirs = gguf.GGUFReader(str(path))
+    assert len(ours.tensors) == len(theirs.tensors)
+    for t in theirs.tensors:
+        info = ours.tensors[t.name]
+        assert info.offset == t.data_offset
+        assert info.nbytes == t.n_bytes
+        assert info.fmt == FORMAT_BY_GGML_TYPE[int(t.tensor_type)].name
+        assert info.shape == tuple(int(d) for d in reversed(t.shape.tolist()))
+    # metadata: every scalar and the vocabulary agree
+    for name, field in theirs.fields.items():
+        if name.startswith("GGUF."):
+            continue
+        value = ours.metadata[name]
+        if name == "tokenizer.ggml.tokens":
+            assert value[:1000] == [bytes(field.parts[i]).decode() for i in field.data[:1000]]
+            assert len(value) == len(field.data)
+        elif not isinstance(value, list):
+            theirs_value = field.contents()
+            assert value == pytest.approx(theirs_value) if isinstance(value, float) else value == theirs_value
+
+
+def test_tensor_bytes_dequantize_like_gguf(gemma_path):
+    import gguf
+
+    f = GGUFFile(gemma_path)
+    reader = gguf.GGUFReader(str(gemma_path))
+    by_name = {t.name: t for t in reader.tensors}
+    for name in ["blk.0.attn_q.weight", "blk.0.ffn_down.weight", "blk.0.attn_output.weight", "blk.0.attn_v.weight"]:
+        ours = f.tensor(name).dequantize()
+        t = by_name[name]
+        theirs = gguf.quants.dequantize(t.data, t.tensor_type).reshape(ours.shape)
+        np.testing.assert_allclose(ours, theirs, rtol=0, atol=1e-6)
+
+
+def test_not_gguf(tmp_path):
+    p = tmp_path / "notes.gguf"
+    p.write_text("hello, this is not a model file at all")
+    with pytest.raises(ModelFormatError, match="not a GGUF file"):
+        GGUFFile(p)
+
+
+def test_missing_file(tmp_path):
+    with pytest.raises(ModelFormatError, match="no such file"):
+        GGUFFile(tmp_path / "absent.gguf")
+
+
+@pytest.mark.parametrize("keep", [100, 5_000_000, -1000])
+def test_truncated(smollm_path, tmp_path, keep):
+    data = smollm_path.read_bytes()
+    p = tmp_path / "cut.gguf"
+    p.write_bytes(data[:keep] if keep > 0 else data[:keep])
+    with pytest.raises(ModelFormatError, match="truncated"):
+        GGUFFile(p)
+
+
+def test_unknown_tensor_type(smollm_path, tmp_path):
+    data = bytearray(smollm_path.read_bytes())
+    # Find the type field of the first tensor info: name, n_dims, dims, then the u32 type.
+    name = b"token_embd.weight"
+    at = data.index(name) + len(name)
+    n_dims = int.from_bytes(data[at:at + 4], "little")
+    type_at = at + 4 + 8 * n_dims
+    assert int.from_bytes(data[type_at:type_at + 4], "little") == 8  # q8_0, as the file says
+    data[type_at:type_at + 4] = (999).to_bytes(4, "little")
+    p = tmp_path / "odd.gguf"
+    p.write_bytes(bytes(data))
+    with pytest.raises(UnsupportedModelError, match="unknown GGML tensor type 999"):
+        GGUFFile(p)

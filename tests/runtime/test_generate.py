@@ -1,0 +1,69 @@
+"""The generation loop on a real model: stop strings, streaming, EOS, prompt reuse, limits."""
+
+from __future__ import annotations
+
+import pytest
+
+import edgeflash as ef
+from edgeflash.errors import UserError
+
+
+@pytest.fixture(scope="module")
+def smol():
+    return ef.load("smollm2-135m", engine="reference")
+
+
+PROMPT = "List the days of the week: Monday, Tuesday,"
+
+
+def test_stream_pieces_join_to_text(smol):
+    pieces = list(smol.stream(PROMPT, max_tokens=16))
+    full = smol.generate(PROMPT, max_tokens=16)
+    assert "".join(pieces) == full.text
+    assert len(pieces) > 1
+    assert full.stats["generated_tokens"] == len(full.tokens) == 16
+
+
+def test_stop_string_cuts_text_and_never_streams_it(smol):
+    full = smol.generate(PROMPT, max_tokens=16).text
+    assert "Friday" in full  # the greedy continuation lists the days
+    pieces = list(smol.stream(PROMPT, max_tokens=16, stop=["Friday"]))
+    text = "".join(pieces)
+    assert text == full[:full.index("Friday")]
+    assert smol.generate(PROMPT, max_tokens=16, stop="Friday").finish_reason == "stop"
+
+
+def test_chat_ends_at_end_of_turn(smol):
+    r = smol.chat([{"role": "user", "content": "Say hello."}], max_tokens=64)
+    assert r.finish_reason == "stop"  # <|im_end|> ends the turn before 64 tokens
+    assert "<|im_end|>" not in r.text and r.text.strip()
+
+
+def test_prompt_prefix_is_reused(smol):
+    smol.generate(PROMPT, max_tokens=4)
+    r = smol.generate(PROMPT + " Wednesday", max_tokens=4)
+    assert r.stats["prompt_tokens_reused"] > 5
+
+
+def test_same_output_with_and_without_reuse(smol):
+    a = smol.generate(PROMPT, max_tokens=12).tokens
+    smol.engine.reset()
+    b = smol.generate(PROMPT, max_tokens=12).tokens
+    assert a == b
+
+
+def test_zero_tokens(smol):
+    r = smol.generate(PROMPT, max_tokens=0)
+    assert r.text == "" and r.tokens == []
+
+
+def test_limits(smol):
+    with pytest.raises(UserError, match="max_tokens"):
+        smol.generate(PROMPT, max_tokens=-1)
+    with pytest.raises(UserError, match="empty"):
+        smol.generate([], max_tokens=4)
+    with pytest.raises(UserError, match="messages\\[0\\]"):
+        smol.chat([{"role": "user"}])
+    small = ef.load("smollm2-135m", engine="reference", context_length=8)
+    with pytest.raises(UserError, match="context"):
+        small.generate("one two three four five six seven eight nine ten", max_tokens=4)
