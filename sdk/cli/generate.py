@@ -63,6 +63,7 @@ def run(args: argparse.Namespace) -> int:
         out.write(piece)
         out.flush()
     out.write("\n")
+    out.flush()
     result = generation.result()
     stats = {"model": model.name, "load_s": round(load_s, 3), **result.stats}
     if args.json:
