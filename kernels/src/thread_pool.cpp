@@ -81,6 +81,7 @@ void ThreadPool::worker_loop(int thread_index) {
     int polls = 0;
     while (g == seen || (g & 1)) {
       cpu_relax();
+      if (polls > 4096 && polls % 64 == 0) std::this_thread::yield();  // let an oversubscribed core breathe
       if (++polls % 256 == 0 && std::chrono::steady_clock::now() - spin_start > kSpinTime) {
         std::unique_lock<std::mutex> lock(sleep_mutex_);
         sleepers_.fetch_add(1);
@@ -124,7 +125,15 @@ void ThreadPool::parallel_for(int64_t n_tasks, TaskRef fn) {
   t_inside_pool = true;
   run_tasks(0);
   t_inside_pool = false;
-  while (done_tasks_.load(std::memory_order_acquire) < n_tasks) cpu_relax();
+  // A worker may have been descheduled mid-task (more runnable threads than cores): after a
+  // short spin, yield so it can finish instead of burning the time slice it needs.
+  for (int polls = 0; done_tasks_.load(std::memory_order_acquire) < n_tasks; ++polls) {
+    if (polls < 2048) {
+      cpu_relax();
+    } else {
+      std::this_thread::yield();
+    }
+  }
 }
 
 void set_num_threads(int n) { ThreadPool::global().set_num_threads(n); }
