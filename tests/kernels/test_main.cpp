@@ -139,6 +139,8 @@ int main(int argc, char** argv) {
   for (const auto& e : expected)
     expect(std::find(isas.begin(), isas.end(), e) != isas.end(), "expected level " + e + " is not available here");
 
+  test_thread_pool();
+  std::printf("thread pool: %s\n", stats().failures == 0 ? "tasks ran concurrently on distinct threads" : "FAILURES");
   int tested = 0;
   for (const auto& isa : isas) {
     if (isa == "ref") continue;

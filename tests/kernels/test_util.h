@@ -56,5 +56,6 @@ void test_ffn();
 void test_attention();
 void test_elementwise();
 void test_errors();
+void test_thread_pool();
 
 }  // namespace eftest
