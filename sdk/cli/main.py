@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import sys
 
-from edgeflash.cli import generate
+from edgeflash.cli import chat, generate, serve
 from edgeflash.cli.args import OneLineParser
 from edgeflash.errors import UserError
 
-SUBCOMMANDS = [generate]
+SUBCOMMANDS = [generate, chat, serve]
 
 
 def build_parser() -> OneLineParser:

@@ -1,0 +1,89 @@
+"""`edgeflash serve`: an OpenAI-compatible HTTP server (and the web chat page) for one model."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from edgeflash.cli.args import (add_model_options, add_sampling_options, load_kwargs, non_negative_float,
+                                non_negative_int, positive_int, sampling_kwargs)
+
+HELP = "serve a model over HTTP with the OpenAI API shape (and a web chat page)"
+DESCRIPTION = """Serve MODEL on an OpenAI-compatible HTTP API: POST /v1/chat/completions and
+/v1/completions (streaming or not), GET /v1/models, GET /health, and a chat page at /.
+
+One engine serves every client: requests wait in a queue (at most --max-queue of them) and
+run one at a time. The server listens on 127.0.0.1 (this machine only) unless --host says
+otherwise. Ctrl-C or SIGTERM stops it after the running request (within --shutdown-grace).
+
+Fields a request omits take the sampling defaults below (greedy unless --temperature > 0).
+
+examples:
+  edgeflash serve -m smollm2-135m
+  edgeflash serve -m model.gguf --port 8080 --max-tokens 256 --max-queue 4
+  edgeflash serve -m default --host 0.0.0.0 --api-key "$(cat key.txt)"
+"""
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("serve", help=HELP, description=DESCRIPTION,
+                       formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_model_options(p)
+    net = p.add_argument_group("network")
+    net.add_argument("--host", default="127.0.0.1",
+                     help="address to listen on; anything but loopback is reachable from other machines "
+                          "(default: %(default)s)")
+    net.add_argument("--port", type=non_negative_int, default=8000, help="0 picks a free port (default: %(default)s)")
+    net.add_argument("--api-key", default=None, help="require 'Authorization: Bearer KEY' on /v1/*")
+    net.add_argument("--model-id", default=None,
+                     help="the name /v1/models lists (default: the model file's name without .gguf); -m's value "
+                          "and the model's own name are accepted in requests too")
+    lim = p.add_argument_group("limits")
+    lim.add_argument("--max-queue", type=non_negative_int, default=8,
+                     help="requests that may wait while one runs; more get HTTP 503 (default: %(default)s)")
+    lim.add_argument("--max-tokens", type=positive_int, default=512,
+                     help="largest max_tokens a request may ask for, and the default (default: %(default)s)")
+    lim.add_argument("--max-prompt-tokens", type=positive_int, default=2048,
+                     help="longer prompts get HTTP 400; the context length caps it too (default: %(default)s)")
+    lim.add_argument("--max-body-bytes", type=positive_int, default=1 << 20,
+                     help="larger request bodies get HTTP 413 (default: %(default)s)")
+    lim.add_argument("--shutdown-grace", type=non_negative_float, default=10.0, metavar="SECONDS",
+                     help="how long the running request may finish on shutdown (default: %(default)s)")
+    add_sampling_options(p)
+    p.add_argument("--quiet", action="store_true", help="no access log lines on stderr")
+    p.set_defaults(run=run)
+
+
+def default_model_id(model: str) -> str:
+    """A name without spaces for /v1/models: the GGUF file's stem, or the folder's name."""
+    from edgeflash.models import resolve_model
+
+    path = resolve_model(model)
+    return path.stem if path.suffix.lower() == ".gguf" else path.resolve().name
+
+
+def run(args: argparse.Namespace) -> int:
+    import edgeflash as ef
+    from edgeflash.server import Server, ServerConfig
+    from edgeflash.server.network import exposure_warning
+
+    config = ServerConfig(  # checked before the model loads, so a bad flag fails fast
+        host=args.host, port=args.port, model_id=args.model_id or default_model_id(args.model),
+        aliases=(str(args.model),),
+        max_queue=args.max_queue, max_tokens=args.max_tokens, max_prompt_tokens=args.max_prompt_tokens,
+        max_body_bytes=args.max_body_bytes, api_key=args.api_key, shutdown_grace_s=args.shutdown_grace,
+        sampling_defaults=sampling_kwargs(args), access_log=not args.quiet)
+    model = ef.load(args.model, **load_kwargs(args))
+    config.aliases += (model.name,)
+    server = Server(model, config)
+
+    def ready(s: Server) -> None:
+        if not s.loopback_only:
+            sys.stderr.write(exposure_warning(s.address, s.port, config.api_key is not None) + "\n")
+        print(f"edgeflash serve: {s.model_id} ({model.engine.name} engine, context "
+              f"{model.engine.context_length}) listening on {s.url} (chat page at {s.url}/); "
+              "Ctrl-C stops", flush=True)
+
+    server.serve_until_signal(on_ready=ready)
+    print("edgeflash serve: stopped", flush=True)
+    return 0
