@@ -12,6 +12,7 @@
 #include <string>
 
 #include "edgeflash/kernels.h"
+#include "bindings.h"  // runtime/native: the engine lives in this module too
 
 namespace nb = nanobind;
 // Inputs may be read-only (e.g. a memory-mapped GGUF file); outputs must be writable.
@@ -82,6 +83,7 @@ ef::KvCache cache(const Out& k, const Out& v, const std::string& fmt, int64_t n_
 NB_MODULE(_native, m) {
   m.attr("__version__") = "0.1.0";
   m.doc() = "edgeflash hand-written CPU kernels (use edgeflash.kernels, which validates arguments)";
+  ef::engine::register_engine(m);
 
   // ---- dispatch, threads, formats
   m.def("cpu_features", [] {

@@ -25,6 +25,7 @@ struct Q8View {
   const int8_t* q;   // [n, cols]
   const float* d;    // [n, cols / 32]
   const float* s16;  // [n, cols / 16]
+  const float* d8;   // [n, cols / 32, 8]: each scale repeated 8 times (full-width vector loads)
   int64_t cols;
 };
 

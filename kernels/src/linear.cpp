@@ -42,7 +42,7 @@ int64_t rows_per_task(int64_t rows, int64_t n_tok, size_t row_bytes_) {
 
 void run_gemm_q8(const RowsView& v, int64_t rows, size_t rb, Format fmt, const QuantizedActs& xq, float* y) {
   const GemmQ8Fn fn = kernels().gemm_q8[int(fmt)].fn;
-  const Q8View xv{xq.q(), xq.d(), xq.s16(), xq.cols()};
+  const Q8View xv{xq.q(), xq.d(), xq.s16(), xq.d8(), xq.cols()};
   const int64_t n = xq.n(), chunk = rows_per_task(rows, n, rb);
   const int64_t tasks = (rows + chunk - 1) / chunk;
   ThreadPool::global().run(tasks, [&](int64_t task, int) {
@@ -115,8 +115,15 @@ void QuantizedActs::quantize(const float* x, int64_t n, int64_t cols) {
   if (q_.size() < static_cast<size_t>(n * cols)) q_.resize(static_cast<size_t>(n * cols));
   if (d_.size() < static_cast<size_t>(n * cols / 32)) d_.resize(static_cast<size_t>(n * cols / 32));
   if (s16_.size() < static_cast<size_t>(n * cols / 16)) s16_.resize(static_cast<size_t>(n * cols / 16));
+  if (d8_.size() < static_cast<size_t>(n * cols / 4)) d8_.resize(static_cast<size_t>(n * cols / 4));
   const QuantizeActsFn fn = kernels().quantize_acts.fn;
-  auto one = [&](int64_t t, int) { fn(x + t * cols, cols, q_.data() + t * cols, d_.data() + t * cols / 32, s16_.data() + t * cols / 16); };
+  auto one = [&](int64_t t, int) {
+    fn(x + t * cols, cols, q_.data() + t * cols, d_.data() + t * cols / 32, s16_.data() + t * cols / 16);
+    float* d8 = d8_.data() + t * cols / 4;
+    const float* d = d_.data() + t * cols / 32;
+    for (int64_t u = 0; u < cols / 32; ++u)
+      for (int k = 0; k < 8; ++k) d8[8 * u + k] = d[u];
+  };
   if (n * cols < (1 << 15)) {
     for (int64_t t = 0; t < n; ++t) one(t, 0);
   } else {

@@ -164,6 +164,7 @@ struct PairEmit {
   const int8_t* xq[NT];
   const float* xd[NT];
   const float* xs[NT];
+  const float* x8[NT];
   int64_t u = 0;  // index of the first unit of the next pair
 
   template <int P>
@@ -172,12 +173,13 @@ struct PairEmit {
       c = _mm512_xor_si512(c, _mm512_set1_epi8(static_cast<char>(0x80)));  // u8 operand: c + 128
       b4 = _mm_fnmadd_ps(_mm_set1_ps(128.0f), a4, b4);
     }
-    const __m512i spread = _mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3);
+    // weight scales spread to the 16 int32 lanes (4 lanes = one half unit), shared by all tokens
+    const __m512 a16 = _mm512_permutexvar_ps(_mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3),
+                                             _mm512_castps128_ps512(a4));
     for (int t = 0; t < NT; ++t) {
       const __m512i x = _mm512_loadu_si512(xq[t] + 32 * u);
       const __m512 p = _mm512_cvtepi32_ps(_mm512_dpbusd_epi32(_mm512_setzero_si512(), c, x));
-      const __m128 dx = dup_pairs(load2(xd[t] + u));
-      const __m512 s = _mm512_permutexvar_ps(spread, _mm512_castps128_ps512(_mm_mul_ps(a4, dx)));
+      const __m512 s = _mm512_mul_ps(a16, _mm512_loadu_ps(x8[t] + 8 * u));  // [dx_u x8, dx_u+1 x8]
       acc[P][t] = _mm512_fmadd_ps(p, s, acc[P][t]);
       sb[t] = _mm_fmadd_ps(b4, _mm_loadu_ps(xs[t] + 2 * u), sb[t]);
     }
@@ -220,6 +222,7 @@ inline void pair_tile(const uint8_t* row, const Q8View& x, int64_t t0, float* y,
     e.xq[t] = x.q + (t0 + t) * cols;
     e.xd[t] = x.d + (t0 + t) * (cols / 32);
     e.xs[t] = x.s16 + (t0 + t) * (cols / 16);
+    e.x8[t] = x.d8 + (t0 + t) * (cols / 4);
   }
   const RowCtx ctx = row_ctx<S>(row);
   const uint8_t* p = row + S::kHeader;

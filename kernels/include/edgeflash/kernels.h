@@ -36,11 +36,12 @@ class QuantizedActs {
   const int8_t* q() const { return q_.data(); }      // [n, cols]
   const float* d() const { return d_.data(); }       // [n, cols / 32]
   const float* s16() const { return s16_.data(); }   // [n, cols / 16]
+  const float* d8() const { return d8_.data(); }     // [n, cols / 32, 8]: d repeated for vector loads
 
  private:
   int64_t n_ = 0, cols_ = 0;
   std::vector<int8_t> q_;
-  std::vector<float> d_, s16_;
+  std::vector<float> d_, s16_, d8_;
 };
 
 // Precision of the activations for quantized weights: q8 = ggml-style integer dot products on
