@@ -46,7 +46,10 @@ void ThreadPool::set_num_threads(int n) {
 
 void ThreadPool::start_workers(int n_workers) {
   stop_ = false;
-  for (int i = 0; i < n_workers; ++i) workers_.emplace_back([this, i] { worker_loop(i + 1); });
+  // The generation is read here, not in the new thread: a job published before the thread first
+  // runs must still count as new for it.
+  const uint64_t seen = generation_.load();
+  for (int i = 0; i < n_workers; ++i) workers_.emplace_back([this, i, seen] { worker_loop(i + 1, seen); });
 }
 
 void ThreadPool::stop_workers() {
@@ -71,9 +74,8 @@ void ThreadPool::run_tasks(int thread_index) {
   }
 }
 
-void ThreadPool::worker_loop(int thread_index) {
+void ThreadPool::worker_loop(int thread_index, uint64_t seen) {
   t_inside_pool = true;
-  uint64_t seen = generation_.load();
   for (;;) {
     // Wait for a published generation different from the last one handled.
     uint64_t g = generation_.load(std::memory_order_acquire);

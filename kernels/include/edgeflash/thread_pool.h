@@ -45,7 +45,7 @@ class ThreadPool {
   ThreadPool();
   void start_workers(int n_workers);
   void stop_workers();
-  void worker_loop(int thread_index);
+  void worker_loop(int thread_index, uint64_t seen);
   void run_tasks(int thread_index);
 
   int n_threads_ = 1;
