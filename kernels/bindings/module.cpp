@@ -12,6 +12,7 @@
 #include <string>
 
 #include "edgeflash/kernels.h"
+#include "extensions.h"
 #include "bindings.h"  // runtime/native: the engine lives in this module too
 
 namespace nb = nanobind;
@@ -79,6 +80,9 @@ ef::KvCache cache(const Out& k, const Out& v, const std::string& fmt, int64_t n_
 }
 
 }  // namespace
+
+// Default: nothing else is compiled into the module.
+__attribute__((weak)) void ef_bind_extensions(nanobind::module_&) {}
 
 NB_MODULE(_native, m) {
   m.attr("__version__") = "0.1.0";
@@ -239,4 +243,6 @@ NB_MODULE(_native, m) {
     nb::gil_scoped_release release;
     return ef::timed_read(p, n);
   });
+
+  ef_bind_extensions(m);
 }
