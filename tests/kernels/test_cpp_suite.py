@@ -53,8 +53,21 @@ def _check(output: str, levels: list[str]) -> None:
         assert impls["gemm_q8_q4_0"] == level, line
 
 
+def _check_no_shared_inline_code(build_dir: Path, nm: str) -> None:
+    """SIMD objects must not export weak (COMDAT) symbols: the linker could otherwise pick an
+    AVX-512 or dotprod copy of an inline function for code that runs on a CPU without it."""
+    objs = sorted((build_dir / "kernels/CMakeFiles/ef_kernels.dir").glob("*/*_*.cpp.o"))
+    simd = [o for o in objs if o.parent.name in ("x86", "arm")]
+    assert simd, f"no SIMD objects found under {build_dir}"
+    for o in simd:
+        out = subprocess.run([nm, "-C", str(o)], capture_output=True, text=True, check=True).stdout
+        weak = [ln for ln in out.splitlines() if re.search(r" [WVu] ", ln)]
+        assert not weak, f"{o.name} exports weak symbols: {weak[:5]}"
+
+
 def test_cpp_suite_native():
     exe = _build(ROOT / "build/kernels-tests/native")
+    _check_no_shared_inline_code(ROOT / "build/kernels-tests/native", shutil.which("nm") or "nm")
     levels = [lvl for lvl in K.available_isas() if lvl != "ref"]
     assert levels, "this CPU has no SIMD level the kernels support"
     args = [a for lvl in levels for a in ("--expect-isa", lvl)]
@@ -70,6 +83,7 @@ def test_cpp_suite_aarch64_under_qemu():
     qemu = shutil.which("qemu-aarch64-static") or shutil.which("qemu-aarch64")
     assert qemu, "qemu-aarch64-static missing: run `make system-deps`"
     exe = _build(ROOT / "build/kernels-tests/aarch64", f"-DCMAKE_TOOLCHAIN_FILE={TOOLCHAIN}")
+    _check_no_shared_inline_code(ROOT / "build/kernels-tests/aarch64", shutil.which("aarch64-linux-gnu-nm") or "nm")
     levels = ["neon", "neon_dotprod"]
     args = [a for lvl in levels for a in ("--expect-isa", lvl)]
     res = subprocess.run([qemu, "-L", QEMU_SYSROOT, str(exe), *args], capture_output=True, text=True, timeout=900)
