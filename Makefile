@@ -34,7 +34,7 @@ demo: install
 	$(BIN)/edgeflash generate -m default -p "$(PROMPT)" -n 64
 
 test: install system-deps
-	$(BIN)/python -m pytest -q
+	$(BIN)/pytest -q
 
 bench: install
 	$(BIN)/edgeflash bench

@@ -31,11 +31,13 @@ def load(model: str | Path = "default", *, memory_budget: str | int | None = Non
 
 
 def _make_engine(source: ModelSource, engine: str, threads: int, context_length: int | None):
-    if engine == "native":
-        raise UserError("engine 'native' is not available in this build; use engine='reference'")
-    from edgeflash.runtime.reference import ReferenceEngine
+    if engine == "reference":
+        from edgeflash.runtime.reference import ReferenceEngine
 
-    return ReferenceEngine(source, context_length=context_length)
+        return ReferenceEngine(source, context_length=context_length)
+    from edgeflash.runtime.native_engine import NativeEngine
+
+    return NativeEngine(source, threads=threads, context_length=context_length)
 
 
 class Model:

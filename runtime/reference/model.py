@@ -15,13 +15,18 @@ from edgeflash.runtime.source import ModelSource
 
 
 class _KVCache:
-    """Per layer keys and values `[Hkv, S, D]` of every cached token, and their positions."""
+    """Per layer keys and values `[Hkv, S, D]` of every cached token. `store_dtype` float16
+    rounds them as an f16 cache would (to compare with engines that store f16)."""
 
-    def __init__(self, n_layers: int):
+    def __init__(self, n_layers: int, store_dtype: type = np.float32):
         self.keys: list[np.ndarray | None] = [None] * n_layers
         self.values: list[np.ndarray | None] = [None] * n_layers
+        self.store_dtype = store_dtype
 
     def append(self, layer: int, k: np.ndarray, v: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        if self.store_dtype is not np.float32:
+            k = k.astype(self.store_dtype).astype(np.float32)
+            v = v.astype(self.store_dtype).astype(np.float32)
         k, v = k.transpose(1, 0, 2), v.transpose(1, 0, 2)  # [T, Hkv, D] -> [Hkv, T, D]
         old_k, old_v = self.keys[layer], self.values[layer]
         self.keys[layer] = k if old_k is None else np.concatenate([old_k, k], axis=1)
@@ -50,7 +55,8 @@ class ReferenceEngine:
 
     name = "reference"
 
-    def __init__(self, source: ModelSource, ops: Any = None, context_length: int | None = None):
+    def __init__(self, source: ModelSource, ops: Any = None, context_length: int | None = None,
+                 kv_dtype: str = "f32"):
         self.source = source
         self.spec = source.spec
         self.tokenizer = source.tokenizer
@@ -60,7 +66,9 @@ class ReferenceEngine:
         self.inv_freq = [inv_frequencies(self.spec, i) for i in range(self.spec.n_layers)]
         self.layers = [LayerWeights(source.tensors, i) for i in range(self.spec.n_layers)]
         self.head = source.tensors.get("output.weight") or source.tensors["token_embd.weight"]
-        self.cache = _KVCache(self.spec.n_layers)
+        if kv_dtype not in ("f32", "f16"):
+            raise UserError(f"kv_dtype = {kv_dtype!r}: expected f32 or f16")
+        self.cache = _KVCache(self.spec.n_layers, np.float16 if kv_dtype == "f16" else np.float32)
         self.tokens: list[int] = []
 
     def forward(self, tokens: Sequence[int], *, all_logits: bool = False, mask: np.ndarray | None = None) -> np.ndarray:

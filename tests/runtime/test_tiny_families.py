@@ -12,65 +12,18 @@ transformers = pytest.importorskip("transformers")
 from edgeflash.export.sources.hf import load_hf_dir  # noqa: E402
 from edgeflash.runtime.reference import ReferenceEngine  # noqa: E402
 
-COMMON = dict(hidden_size=64, intermediate_size=96, num_hidden_layers=3, max_position_embeddings=256)
-
-CASES = {
-    "llama-gqa-untied": ("LlamaConfig", "LlamaForCausalLM",
-                         dict(num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=False)),
-    "llama-mha-tied-llama3-rope": ("LlamaConfig", "LlamaForCausalLM",
-                                   dict(num_attention_heads=4, num_key_value_heads=4, tie_word_embeddings=True,
-                                        rope_parameters={"rope_type": "llama3", "rope_theta": 500000.0,
-                                                         "factor": 8.0, "low_freq_factor": 1.0,
-                                                         "high_freq_factor": 4.0,
-                                                         "original_max_position_embeddings": 16})),
-    "qwen2-bias-mqa": ("Qwen2Config", "Qwen2ForCausalLM",
-                       dict(num_attention_heads=4, num_key_value_heads=1, tie_word_embeddings=False)),
-    "qwen3-qk-norm": ("Qwen3Config", "Qwen3ForCausalLM",
-                      dict(num_attention_heads=4, num_key_value_heads=2, head_dim=32)),
-    "mistral-sliding-window": ("MistralConfig", "MistralForCausalLM",
-                               dict(num_attention_heads=4, num_key_value_heads=2, sliding_window=8,
-                                    tie_word_embeddings=False)),
-    "gemma3-local-global": ("Gemma3TextConfig", "Gemma3ForCausalLM",
-                            dict(num_attention_heads=4, num_key_value_heads=2, head_dim=32, sliding_window=8,
-                                 query_pre_attn_scalar=24,
-                                 layer_types=["sliding_attention", "sliding_attention", "full_attention"],
-                                 rope_parameters={"full_attention": {"rope_type": "default", "rope_theta": 1e6},
-                                                  "sliding_attention": {"rope_type": "default",
-                                                                        "rope_theta": 1e4}})),
-}
+from tiny_models import CASES, build_tiny_model, save_tokenizer  # noqa: E402
 
 
 @pytest.fixture(scope="module")
 def tokenizer_dir(tmp_path_factory, smollm_path):
-    from transformers import AutoTokenizer
-
-    tok = AutoTokenizer.from_pretrained(smollm_path.parent, gguf_file=smollm_path.name)
     out = tmp_path_factory.mktemp("tokenizer")
-    tok.save_pretrained(out)
-    return out, len(tok)
-
-
-def _build(case: str, tokenizer_dir, tmp_path):
-    import shutil
-
-    config_cls, model_cls, extra = CASES[case]
-    tok_dir, vocab = tokenizer_dir
-    config = getattr(transformers, config_cls)(vocab_size=vocab, **COMMON, **extra)
-    torch.manual_seed(0)
-    model = getattr(transformers, model_cls)(config).eval()
-    with torch.no_grad():  # larger random weights than the init so logits are far from uniform
-        for name, p in model.named_parameters():
-            p.copy_(torch.randn_like(p) * (0.05 if "norm" in name else 0.15) + (1.0 if "norm" in name and
-                                                                                  "gemma" not in case else 0.0))
-    model.save_pretrained(tmp_path, safe_serialization=True)
-    for f in tok_dir.iterdir():
-        shutil.copy(f, tmp_path / f.name)
-    return model
+    return out, save_tokenizer(smollm_path, out)
 
 
 @pytest.mark.parametrize("case", list(CASES))
 def test_logits_and_cached_decode_match_transformers(case, tokenizer_dir, tmp_path):
-    model = _build(case, tokenizer_dir, tmp_path)
+    model = build_tiny_model(case, tokenizer_dir[0], tokenizer_dir[1], tmp_path)
     source = load_hf_dir(tmp_path)
     rng = np.random.default_rng(1)
     prompt = rng.integers(0, source.spec.vocab_size, size=20).tolist()  # 20 > sliding window of 8

@@ -1,0 +1,218 @@
+// Bindings for the native engine. The Python side (runtime/native_engine.py) builds it from a
+// ModelSource; these functions check every buffer they receive and keep it alive for as long
+// as the engine may read it.
+#include "bindings.h"
+
+#include <nanobind/ndarray.h>
+#include <nanobind/stl/string.h>
+#include <nanobind/stl/vector.h>
+
+#include <map>
+#include <memory>
+#include <string>
+
+#include "engine.h"
+
+namespace nb = nanobind;
+
+namespace ef::engine {
+namespace {
+
+using In = nb::ndarray<nb::ro, nb::c_contig, nb::device::cpu>;
+using Out = nb::ndarray<nb::c_contig, nb::device::cpu>;
+
+Format format_named(const std::string& name) {
+  Format f;
+  if (!parse_format(name, &f)) throw KernelError("unknown weight format '" + name + "'");
+  return f;
+}
+
+template <class T>
+const T* typed(const In& a, size_t count, const char* what) {
+  if (a.dtype() != nb::dtype<T>()) throw KernelError(std::string(what) + " has the wrong dtype");
+  if (a.size() != count)
+    throw KernelError(std::string(what) + " has " + std::to_string(a.size()) + " elements, expected " +
+                      std::to_string(count));
+  return static_cast<const T*>(a.data());
+}
+
+// Owns the engine, the resident layer table and references to every array it reads.
+class PyEngine {
+ public:
+  PyEngine(const nb::dict& shape, const std::vector<nb::dict>& layers, int64_t context, int64_t max_batch,
+           const std::string& kv_format, const std::string& activations)
+      : layers_(nb::cast<int64_t>(shape["n_layers"])) {
+    ModelShape s;
+    s.n_layers = nb::cast<int64_t>(shape["n_layers"]);
+    s.d_model = nb::cast<int64_t>(shape["d_model"]);
+    s.n_heads = nb::cast<int64_t>(shape["n_heads"]);
+    s.n_kv_heads = nb::cast<int64_t>(shape["n_kv_heads"]);
+    s.head_dim = nb::cast<int64_t>(shape["head_dim"]);
+    s.d_ff = nb::cast<int64_t>(shape["d_ff"]);
+    s.vocab = nb::cast<int64_t>(shape["vocab"]);
+    s.norm_eps = nb::cast<float>(shape["norm_eps"]);
+    s.embedding_scale = nb::cast<float>(shape["embedding_scale"]);
+    s.attn_scale = nb::cast<float>(shape["attn_scale"]);
+    s.final_softcap = nb::cast<float>(shape["final_softcap"]);
+    const std::string act = nb::cast<std::string>(shape["activation"]);
+    if (act != "silu" && act != "gelu_tanh") throw KernelError("unknown activation '" + act + "'");
+    s.act = act == "silu" ? Activation::silu : Activation::gelu_tanh;
+    s.qk_norm = nb::cast<bool>(shape["qk_norm"]);
+    s.sandwich_norm = nb::cast<bool>(shape["sandwich_norm"]);
+    std::vector<LayerShape> ls;
+    for (const nb::dict& d : layers) {
+      LayerShape l;
+      l.window = nb::cast<int64_t>(d["window"]);
+      l.rot_dim = nb::cast<int64_t>(d["rot_dim"]);
+      l.theta_base = nb::cast<float>(d["theta_base"]);
+      l.freq_factors = nb::cast<std::vector<float>>(d["freq_factors"]);
+      if (static_cast<int64_t>(l.freq_factors.size()) != l.rot_dim / 2)
+        throw KernelError("freq_factors must have rot_dim / 2 entries");
+      ls.push_back(std::move(l));
+    }
+    EngineOptions o;
+    o.context = context;
+    o.max_batch = max_batch;
+    o.kv_format = format_named(kv_format);
+    if (o.kv_format != Format::f16 && o.kv_format != Format::q8_0) throw KernelError("kv_format must be f16 or q8_0");
+    if (activations == "q8") o.act_mode = ActMode::q8;
+    else if (activations == "q8x2") o.act_mode = ActMode::q8x2;
+    else if (activations == "f32") o.act_mode = ActMode::f32;
+    else throw KernelError("activations must be q8, q8x2 or f32, got '" + activations + "'");
+    engine_ = std::make_unique<Engine>(s, std::move(ls), o);
+    engine_->set_layer_source(&layers_);
+  }
+
+  WeightMatrix matrix(const In& raw, const std::string& fmt, int64_t rows, int64_t cols) {
+    const Format f = format_named(fmt);
+    const size_t need = static_cast<size_t>(rows) * row_bytes(f, cols);
+    if (raw.size() * raw.itemsize() != need)
+      throw KernelError("weight buffer has " + std::to_string(raw.size() * raw.itemsize()) + " bytes, " +
+                        std::to_string(rows) + " rows of " + fmt + " x " + std::to_string(cols) + " need " +
+                        std::to_string(need));
+    keep_.push_back(raw);
+    return WeightMatrix{static_cast<const uint8_t*>(raw.data()), need, f, rows, cols, 0};
+  }
+
+  void set_embedding(const In& raw, const std::string& fmt, int64_t rows, int64_t cols) {
+    check_dims(rows, engine_->shape().vocab, cols, engine_->shape().d_model, "embedding");
+    engine_->set_embedding(matrix(raw, fmt, rows, cols));
+  }
+
+  void set_head(const In& raw, const std::string& fmt, int64_t rows, int64_t cols) {
+    check_dims(rows, engine_->shape().vocab, cols, engine_->shape().d_model, "head");
+    engine_->set_head(matrix(raw, fmt, rows, cols));
+  }
+
+  void set_output_norm(const In& w) {
+    keep_.push_back(w);
+    engine_->set_output_norm(typed<float>(w, engine_->shape().d_model, "output_norm"));
+  }
+
+  void set_matrix(int64_t layer, const std::string& name, const In& raw, const std::string& fmt, int64_t rows,
+                  int64_t cols) {
+    const ModelShape& s = engine_->shape();
+    const int64_t qd = s.n_heads * s.head_dim, kd = s.n_kv_heads * s.head_dim;
+    const std::map<std::string, std::pair<int64_t, int64_t>> dims = {
+        {"q", {qd, s.d_model}}, {"k", {kd, s.d_model}}, {"v", {kd, s.d_model}}, {"o", {s.d_model, qd}},
+        {"gate", {s.d_ff, s.d_model}}, {"up", {s.d_ff, s.d_model}}, {"down", {s.d_model, s.d_ff}}};
+    const auto it = dims.find(name);
+    if (it == dims.end()) throw KernelError("unknown layer matrix '" + name + "'");
+    check_dims(rows, it->second.first, cols, it->second.second, name.c_str());
+    LayerWeights& w = layer_at(layer);
+    WeightMatrix m = matrix(raw, fmt, rows, cols);
+    WeightMatrix* slot[] = {&w.q, &w.k, &w.v, &w.o, &w.gate, &w.up, &w.down};
+    const char* names[] = {"q", "k", "v", "o", "gate", "up", "down"};
+    for (int i = 0; i < 7; ++i)
+      if (name == names[i]) *slot[i] = m;
+  }
+
+  void set_vector(int64_t layer, const std::string& name, const In& values) {
+    const ModelShape& s = engine_->shape();
+    LayerWeights& w = layer_at(layer);
+    const std::map<std::string, std::pair<const float**, int64_t>> vectors = {
+        {"attn_norm", {&w.attn_norm, s.d_model}}, {"ffn_norm", {&w.ffn_norm, s.d_model}},
+        {"post_attn_norm", {&w.post_attn_norm, s.d_model}}, {"post_ffn_norm", {&w.post_ffn_norm, s.d_model}},
+        {"q_norm", {&w.q_norm, s.head_dim}}, {"k_norm", {&w.k_norm, s.head_dim}},
+        {"q_bias", {&w.q_bias, s.n_heads * s.head_dim}}, {"k_bias", {&w.k_bias, s.n_kv_heads * s.head_dim}},
+        {"v_bias", {&w.v_bias, s.n_kv_heads * s.head_dim}}};
+    const auto it = vectors.find(name);
+    if (it == vectors.end()) throw KernelError("unknown layer vector '" + name + "'");
+    keep_.push_back(values);
+    *it->second.first = typed<float>(values, static_cast<size_t>(it->second.second), name.c_str());
+  }
+
+  void forward(const In& tokens, const In& positions, nb::object tree_mask, const In& logit_rows, Out logits) {
+    const int64_t n = static_cast<int64_t>(tokens.size());
+    const int32_t* tok = typed<int32_t>(tokens, n, "tokens");
+    const int32_t* pos = typed<int32_t>(positions, n, "positions");
+    const int64_t m = static_cast<int64_t>(logit_rows.size());
+    const int32_t* rows = typed<int32_t>(logit_rows, m, "logit_rows");
+    if (logits.dtype() != nb::dtype<float>() || logits.size() != static_cast<size_t>(m * engine_->shape().vocab))
+      throw KernelError("logits must be float32 [len(logit_rows), vocab]");
+    const uint8_t* mask = nullptr;
+    In mask_array;
+    if (!tree_mask.is_none()) {
+      mask_array = nb::cast<In>(tree_mask);
+      mask = typed<uint8_t>(mask_array, static_cast<size_t>(n * n), "tree_mask");
+    }
+    float* out = static_cast<float*>(logits.data());
+    nb::gil_scoped_release release;
+    engine_->forward(tok, pos, n, mask, rows, m, out);
+  }
+
+  void commit(const In& nodes) {
+    const int64_t n = static_cast<int64_t>(nodes.size());
+    engine_->commit(typed<int32_t>(nodes, n, "nodes"), n);
+  }
+
+  int64_t truncate(int64_t n) { return engine_->truncate(n); }
+  int64_t committed() const { return engine_->committed(); }
+
+  nb::dict memory() const {
+    const EngineMemory m = engine_->memory();
+    nb::dict d;
+    d["kv_cache"] = m.kv_cache;
+    d["activations"] = m.activations;
+    return d;
+  }
+
+ private:
+  LayerWeights& layer_at(int64_t layer) {
+    if (layer < 0 || layer >= engine_->shape().n_layers) throw KernelError("layer index out of range");
+    return layers_.at(layer);
+  }
+
+  static void check_dims(int64_t rows, int64_t want_rows, int64_t cols, int64_t want_cols, const char* what) {
+    if (rows != want_rows || cols != want_cols)
+      throw KernelError(std::string(what) + " is " + std::to_string(rows) + " x " + std::to_string(cols) +
+                        ", the model needs " + std::to_string(want_rows) + " x " + std::to_string(want_cols));
+  }
+
+  ResidentLayers layers_;
+  std::unique_ptr<Engine> engine_;
+  std::vector<In> keep_;  // every array the engine reads stays alive with it
+};
+
+}  // namespace
+
+void register_engine(nb::module_& m) {
+  nb::class_<PyEngine>(m, "Engine")
+      .def(nb::init<const nb::dict&, const std::vector<nb::dict>&, int64_t, int64_t, const std::string&,
+                    const std::string&>(),
+           nb::arg("shape"), nb::arg("layers"), nb::arg("context"), nb::arg("max_batch"), nb::arg("kv_format"),
+           nb::arg("activations"))
+      .def("set_embedding", &PyEngine::set_embedding)
+      .def("set_head", &PyEngine::set_head)
+      .def("set_output_norm", &PyEngine::set_output_norm)
+      .def("set_matrix", &PyEngine::set_matrix)
+      .def("set_vector", &PyEngine::set_vector)
+      .def("forward", &PyEngine::forward, nb::arg("tokens"), nb::arg("positions"), nb::arg("tree_mask").none(),
+           nb::arg("logit_rows"), nb::arg("logits"))
+      .def("commit", &PyEngine::commit)
+      .def("truncate", &PyEngine::truncate)
+      .def_prop_ro("committed", &PyEngine::committed)
+      .def("memory", &PyEngine::memory);
+}
+
+}  // namespace ef::engine

@@ -1,0 +1,276 @@
+#include "engine.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <string>
+
+namespace ef::engine {
+namespace {
+
+KernelError engine_error(const std::string& what) { return KernelError("engine: " + what); }
+
+bool quantized(const WeightMatrix& w) { return format_info(w.fmt).quantized; }
+
+void add_into(float* x, const float* y, int64_t count) {
+  for (int64_t i = 0; i < count; ++i) x[i] += y[i];
+}
+
+void add_bias(float* y, const float* bias, int64_t n, int64_t dim) {
+  if (!bias) return;
+  for (int64_t t = 0; t < n; ++t)
+    for (int64_t i = 0; i < dim; ++i) y[t * dim + i] += bias[i];
+}
+
+}  // namespace
+
+KvCache Engine::LayerCache::view() {
+  KvCache c;
+  c.k = k.data();
+  c.v = v.data();
+  c.size_bytes = k.size();
+  c.capacity = capacity;
+  c.slot_pos = slot_pos.data();
+  return c;
+}
+
+Engine::Engine(const ModelShape& shape, std::vector<LayerShape> layers, const EngineOptions& options)
+    : shape_(shape), layer_shapes_(std::move(layers)), options_(options) {
+  if (static_cast<int64_t>(layer_shapes_.size()) != shape_.n_layers)
+    throw engine_error("got " + std::to_string(layer_shapes_.size()) + " layer shapes for " +
+                       std::to_string(shape_.n_layers) + " layers");
+  if (options_.max_batch < 1 || options_.context < 2) throw engine_error("max_batch >= 1 and context >= 2 are required");
+  if (shape_.n_heads % shape_.n_kv_heads) throw engine_error("n_heads must be a multiple of n_kv_heads");
+  const size_t row = kv_row_bytes(options_.kv_format, shape_.head_dim);
+  for (const LayerShape& ls : layer_shapes_) {
+    LayerCache c;
+    // A sliding layer keeps its window plus room for one batch of new tokens (a ring buffer).
+    c.capacity = ls.window ? std::min(options_.context, ls.window + options_.max_batch) : options_.context;
+    c.k.assign(static_cast<size_t>(shape_.n_kv_heads * c.capacity) * row, 0);
+    c.v.assign(c.k.size(), 0);
+    c.slot_pos.assign(static_cast<size_t>(c.capacity), -1);
+    caches_.push_back(std::move(c));
+  }
+  const int64_t b = options_.max_batch;
+  x_.resize(b * shape_.d_model);
+  h_.resize(b * shape_.d_model);
+  q_.resize(b * shape_.n_heads * shape_.head_dim);
+  k_.resize(b * shape_.n_kv_heads * shape_.head_dim);
+  v_.resize(k_.size());
+  attn_.resize(q_.size());
+  gate_.resize(b * shape_.d_ff);
+  up_.resize(b * shape_.d_ff);
+  sel_.resize(b * shape_.d_model);
+  slots_.resize(b);
+}
+
+EngineMemory Engine::memory() const {
+  EngineMemory m;
+  for (const LayerCache& c : caches_) m.kv_cache += c.k.size() + c.v.size() + c.slot_pos.size() * 4;
+  for (const auto* buf : {&x_, &h_, &q_, &k_, &v_, &attn_, &gate_, &up_, &sel_}) m.activations += buf->size() * 4;
+  m.activations += mask_.capacity();
+  return m;
+}
+
+void Engine::linear(const WeightMatrix& w, const float* x, QuantizedActs& xq, bool xq_ready, int64_t n, float* y) {
+  if (!quantized(w) || options_.act_mode == ActMode::f32) {
+    matmul(w, x, n, y, ActPrecision::f32);
+    return;
+  }
+  if (options_.act_mode == ActMode::q8) {
+    if (!xq_ready || xq.cols() != w.cols || xq.n() != n) xq.quantize(x, n, w.cols);
+    matmul(w, xq, y);
+    return;
+  }
+  // q8x2: rows [0, n) are x, rows [n, 2n) the residual x - dequant(Q8(x)); one GEMM over both.
+  const int64_t cols = w.cols;
+  if (!xq_ready || xq.cols() != cols || xq.n() != 2 * n) {
+    act2_.resize(static_cast<size_t>(2 * n * cols));
+    std::memcpy(act2_.data(), x, static_cast<size_t>(n * cols) * sizeof(float));
+    xq.quantize(x, n, cols);
+    const int8_t* q = xq.q();
+    const float* d = xq.d();
+    float* r = act2_.data() + n * cols;
+    for (int64_t i = 0; i < n * cols; ++i) r[i] = x[i] - d[i / 32] * static_cast<float>(q[i]);
+    xq.quantize(act2_.data(), 2 * n, cols);
+  }
+  out2_.resize(static_cast<size_t>(2 * n * w.rows));
+  matmul(w, xq, out2_.data());
+  const float* lo = out2_.data();
+  const float* hi = out2_.data() + n * w.rows;
+  for (int64_t i = 0; i < n * w.rows; ++i) y[i] = lo[i] + hi[i];
+}
+
+void Engine::build_attention_mask(int64_t layer, int64_t n, const uint8_t* tree_mask) {
+  // Committed slots are visible (the kernel still applies causality and the window); among the
+  // new tokens only the tree's ancestors are.
+  LayerCache& c = caches_[layer];
+  mask_.assign(static_cast<size_t>(n * c.capacity), 1);
+  for (int64_t i = 0; i < n; ++i)
+    for (int64_t j = 0; j < n; ++j) mask_[i * c.capacity + slots_[j]] = tree_mask[i * n + j] ? 1 : 0;
+}
+
+void Engine::run_block(int64_t layer, const LayerWeights& w, int64_t n, const int32_t* positions,
+                       const int32_t* slots, const uint8_t* attn_mask) {
+  const ModelShape& s = shape_;
+  const LayerShape& ls = layer_shapes_[layer];
+  const int64_t d = s.d_model, qd = s.n_heads * s.head_dim, kd = s.n_kv_heads * s.head_dim;
+  float* x = x_.data();
+  float* h = h_.data();
+
+  // Attention: h = norm(x); q, k, v share one quantization of h.
+  rms_norm(x, w.attn_norm, h, n, d, s.norm_eps);
+  linear(w.q, h, xq_, false, n, q_.data());
+  linear(w.k, h, xq_, true, n, k_.data());
+  linear(w.v, h, xq_, true, n, v_.data());
+  add_bias(q_.data(), w.q_bias, n, qd);
+  add_bias(k_.data(), w.k_bias, n, kd);
+  add_bias(v_.data(), w.v_bias, n, kd);
+  if (s.qk_norm) {
+    rms_norm(q_.data(), w.q_norm, q_.data(), n * s.n_heads, s.head_dim, s.norm_eps);
+    rms_norm(k_.data(), w.k_norm, k_.data(), n * s.n_kv_heads, s.head_dim, s.norm_eps);
+  }
+  RopeParams rp;
+  rp.rot_dim = ls.rot_dim;
+  rp.theta_base = ls.theta_base;
+  rp.freq_factors = ls.freq_factors.empty() ? nullptr : ls.freq_factors.data();
+  rope(q_.data(), n, s.n_heads, s.head_dim, positions, rp);
+  rope(k_.data(), n, s.n_kv_heads, s.head_dim, positions, rp);
+
+  KvCache cache = caches_[layer].view();
+  cache.fmt = options_.kv_format;
+  cache.n_kv_heads = s.n_kv_heads;
+  cache.head_dim = s.head_dim;
+  kv_write(cache, k_.data(), v_.data(), n, slots, positions);
+  AttentionArgs a;
+  a.q = q_.data();
+  a.n_q = n;
+  a.n_heads = s.n_heads;
+  a.q_pos = positions;
+  a.window = ls.window;
+  a.mask = attn_mask;
+  a.scale = s.attn_scale;
+  a.out = attn_.data();
+  attention(cache, a);
+  linear(w.o, attn_.data(), xq_, false, n, h);
+  if (s.sandwich_norm) rms_norm(h, w.post_attn_norm, h, n, d, s.norm_eps);
+  add_into(x, h, n * d);
+
+  // Feed-forward: gate and up share one quantization of norm(x).
+  rms_norm(x, w.ffn_norm, h, n, d, s.norm_eps);
+  linear(w.gate, h, xq_, false, n, gate_.data());
+  linear(w.up, h, xq_, true, n, up_.data());
+  gated_act(gate_.data(), up_.data(), gate_.data(), n * s.d_ff, s.act);
+  linear(w.down, gate_.data(), xq_, false, n, h);
+  if (s.sandwich_norm) rms_norm(h, w.post_ffn_norm, h, n, d, s.norm_eps);
+  add_into(x, h, n * d);
+}
+
+void Engine::forward(const int32_t* tokens, const int32_t* positions, int64_t n, const uint8_t* tree_mask,
+                     const int32_t* logit_rows, int64_t n_logit_rows, float* logits) {
+  const ModelShape& s = shape_;
+  if (n < 1 || n > options_.max_batch)
+    throw engine_error("a forward call takes 1.." + std::to_string(options_.max_batch) + " tokens, got " +
+                       std::to_string(n));
+  if (!source_ || !embed_.data || !head_.data || !out_norm_) throw engine_error("weights are not set");
+  for (int64_t j = 0; j < n; ++j) {
+    if (tokens[j] < 0 || tokens[j] >= s.vocab)
+      throw engine_error("token id " + std::to_string(tokens[j]) + " is outside 0.." + std::to_string(s.vocab - 1));
+    const int64_t expect_min = committed_, expect_max = committed_ + n - 1;
+    if (positions[j] < expect_min || positions[j] > expect_max || (!tree_mask && positions[j] != committed_ + j))
+      throw engine_error("position " + std::to_string(positions[j]) + " of new token " + std::to_string(j) +
+                         " does not follow the " + std::to_string(committed_) + " cached tokens");
+    if (positions[j] >= options_.context)
+      throw engine_error("context full: position " + std::to_string(positions[j]) + " >= context " +
+                         std::to_string(options_.context));
+  }
+  for (int64_t r = 0; r < n_logit_rows; ++r)
+    if (logit_rows[r] < 0 || logit_rows[r] >= n) throw engine_error("logit row out of range");
+
+  commit(nullptr, 0);  // drop an uncommitted tree from an earlier call
+
+  // Embedding rows, scaled.
+  dequantize_rows(embed_, tokens, n, x_.data());
+  if (s.embedding_scale != 1.0f)
+    for (int64_t i = 0; i < n * s.d_model; ++i) x_[i] *= s.embedding_scale;
+
+  source_->begin_pass();
+  for (int64_t layer = 0; layer < s.n_layers; ++layer) {
+    const LayerCache& c = caches_[layer];
+    for (int64_t j = 0; j < n; ++j) slots_[j] = static_cast<int32_t>((committed_ + j) % c.capacity);
+    if (tree_mask) build_attention_mask(layer, n, tree_mask);
+    const LayerWeights& w = source_->acquire(layer);
+    run_block(layer, w, n, positions, slots_.data(), tree_mask ? mask_.data() : nullptr);
+    source_->release(layer);
+  }
+
+  if (tree_mask) {
+    scratch_count_ = n;
+    scratch_positions_.assign(positions, positions + n);
+  } else {
+    committed_ += n;
+  }
+
+  if (n_logit_rows == 0) return;
+  for (int64_t r = 0; r < n_logit_rows; ++r)
+    std::memcpy(sel_.data() + r * s.d_model, x_.data() + static_cast<int64_t>(logit_rows[r]) * s.d_model,
+                s.d_model * sizeof(float));
+  rms_norm(sel_.data(), out_norm_, sel_.data(), n_logit_rows, s.d_model, s.norm_eps);
+  linear(head_, sel_.data(), xq_, false, n_logit_rows, logits);
+  if (s.final_softcap > 0.0f) {
+    const float cap = s.final_softcap;
+    for (int64_t i = 0; i < n_logit_rows * s.vocab; ++i) logits[i] = cap * std::tanh(logits[i] / cap);
+  }
+}
+
+void Engine::commit(const int32_t* nodes, int64_t n_nodes) {
+  if (n_nodes > scratch_count_) throw engine_error("commit: more nodes than the last tree had");
+  for (int64_t d = 0; d < n_nodes; ++d) {
+    if (nodes[d] < d || nodes[d] >= scratch_count_ || (d > 0 && nodes[d] <= nodes[d - 1]))
+      throw engine_error("commit: nodes must be increasing tree indices of the last forward");
+    if (scratch_positions_[nodes[d]] != committed_ + d)
+      throw engine_error("commit: node " + std::to_string(nodes[d]) + " is not at depth " + std::to_string(d));
+  }
+  const size_t row = kv_row_bytes(options_.kv_format, shape_.head_dim);
+  for (LayerCache& c : caches_) {
+    // Copy in increasing depth: a later source slot is never an earlier destination.
+    for (int64_t d = 0; d < n_nodes; ++d) {
+      const int64_t src = (committed_ + nodes[d]) % c.capacity, dst = (committed_ + d) % c.capacity;
+      if (src != dst) {
+        for (int64_t head = 0; head < shape_.n_kv_heads; ++head) {
+          const size_t base = static_cast<size_t>(head * c.capacity) * row;
+          std::memcpy(c.k.data() + base + dst * row, c.k.data() + base + src * row, row);
+          std::memcpy(c.v.data() + base + dst * row, c.v.data() + base + src * row, row);
+        }
+      }
+      c.slot_pos[dst] = static_cast<int32_t>(committed_ + d);
+    }
+    for (int64_t j = n_nodes; j < scratch_count_; ++j) c.slot_pos[(committed_ + j) % c.capacity] = -1;
+  }
+  committed_ += n_nodes;
+  scratch_count_ = 0;
+  scratch_positions_.clear();
+}
+
+int64_t Engine::truncate(int64_t n) {
+  commit(nullptr, 0);
+  if (n >= committed_) return committed_;
+  if (n < 0) n = 0;
+  bool intact = true;
+  for (size_t l = 0; l < caches_.size(); ++l) {
+    LayerCache& c = caches_[l];
+    for (int32_t& p : c.slot_pos)
+      if (p >= n) p = -1;
+    const int64_t window = layer_shapes_[l].window;
+    for (int64_t p = std::max<int64_t>(0, n - window); window && p < n; ++p)
+      if (c.slot_pos[p % c.capacity] != p) intact = false;
+  }
+  if (!intact) {
+    for (LayerCache& c : caches_) std::fill(c.slot_pos.begin(), c.slot_pos.end(), -1);
+    n = 0;
+  }
+  committed_ = n;
+  return committed_;
+}
+
+}  // namespace ef::engine

@@ -1,0 +1,157 @@
+// The native decoder: one call runs a whole forward pass (embedding, every block, head) over
+// the kernels, so a decode step costs one Python -> C++ crossing. It executes any model the
+// spec flags describe (llama and gemma3 families); the numpy reference runtime is its oracle.
+//
+// Weights are borrowed: the caller keeps every buffer alive (the Python wrapper holds them).
+// Per-layer weights come from a LayerSource, so they may be resident or arrive from flash.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "edgeflash/kernels.h"
+
+namespace ef::engine {
+
+struct ModelShape {
+  int64_t n_layers = 0, d_model = 0, n_heads = 0, n_kv_heads = 0, head_dim = 0, d_ff = 0, vocab = 0;
+  float norm_eps = 1e-6f;
+  float embedding_scale = 1.0f;
+  float attn_scale = 1.0f;
+  float final_softcap = 0.0f;
+  Activation act = Activation::silu;
+  bool qk_norm = false;
+  bool sandwich_norm = false;  // Gemma: norms after attention and after the FFN
+};
+
+struct LayerShape {
+  int64_t window = 0;              // 0 = global attention
+  int64_t rot_dim = 0;
+  std::vector<float> freq_factors; // [rot_dim / 2], with theta_base reproduces the layer's inv_freq
+  float theta_base = 10000.0f;
+};
+
+// Everything one block reads. Vectors (norms, biases) are f32; null when the model has none.
+struct LayerWeights {
+  WeightMatrix q, k, v, o, gate, up, down;
+  const float* attn_norm = nullptr;
+  const float* ffn_norm = nullptr;
+  const float* post_attn_norm = nullptr;
+  const float* post_ffn_norm = nullptr;
+  const float* q_norm = nullptr;
+  const float* k_norm = nullptr;
+  const float* q_bias = nullptr;
+  const float* k_bias = nullptr;
+  const float* v_bias = nullptr;
+};
+
+// Where a layer's weights come from. `acquire` may block until they are in memory (streamed
+// from flash); `release` says the forward pass is done with them for this call.
+class LayerSource {
+ public:
+  virtual ~LayerSource() = default;
+  virtual const LayerWeights& acquire(int64_t layer) = 0;
+  virtual void release(int64_t layer) {}
+  virtual void begin_pass() {}  // a forward pass starts (a streaming source starts prefetching)
+};
+
+// All layers resident: acquire is a lookup.
+class ResidentLayers : public LayerSource {
+ public:
+  explicit ResidentLayers(int64_t n_layers) : layers_(n_layers) {}
+  LayerWeights& at(int64_t layer) { return layers_.at(layer); }
+  const LayerWeights& acquire(int64_t layer) override { return layers_.at(layer); }
+
+ private:
+  std::vector<LayerWeights> layers_;
+};
+
+// How activations meet quantized weights.
+//   q8:   ggml-style Q8 blocks of 32 and integer dot products (fastest; ~1% relative error per
+//         matmul, enough to flip near-tied top-1 tokens a few percent of the time).
+//   q8x2: the Q8 blocks plus a second Q8 pass over their rounding residual, run as extra rows
+//         of the same small GEMM, so each weight byte is still read once; about 16-bit accuracy.
+//   f32:  weights dequantized to f32 (exact, slowest).
+enum class ActMode { q8, q8x2, f32 };
+
+struct EngineOptions {
+  int64_t context = 4096;     // positions the cache can hold (global layers)
+  int64_t max_batch = 64;     // tokens per forward call (prefill chunk, verification tree)
+  Format kv_format = Format::f16;
+  ActMode act_mode = ActMode::q8x2;
+};
+
+// Bytes of each buffer the engine owns, for memory accounting.
+struct EngineMemory {
+  size_t kv_cache = 0;
+  size_t activations = 0;
+};
+
+class Engine {
+ public:
+  Engine(const ModelShape& shape, std::vector<LayerShape> layers, const EngineOptions& options);
+
+  void set_embedding(const WeightMatrix& table) { embed_ = table; }
+  void set_head(const WeightMatrix& head) { head_ = head; }
+  void set_output_norm(const float* w) { out_norm_ = w; }
+  void set_layer_source(LayerSource* source) { source_ = source; }
+
+  // Run `n` new tokens (n <= max_batch). positions[j] is token j's position; tree_mask (n x n,
+  // nonzero = token i may attend to new token j) is null for a plain sequence. New keys/values
+  // go to scratch slots after the committed ones; without a tree they are committed at once,
+  // with a tree only `commit` keeps the accepted path. Logits of the rows listed in
+  // `logit_rows` are written to `logits` ([n_logit_rows, vocab]).
+  void forward(const int32_t* tokens, const int32_t* positions, int64_t n, const uint8_t* tree_mask,
+               const int32_t* logit_rows, int64_t n_logit_rows, float* logits);
+
+  // Keep the keys/values of the listed new tokens (tree node indices of the last forward, in
+  // path order) as the next committed positions; drop the rest of the scratch slots.
+  void commit(const int32_t* nodes, int64_t n_nodes);
+
+  // Forget committed positions >= n. Returns how many committed positions are still usable:
+  // sliding-window layers keep a ring buffer, so rolling back further than its slack loses
+  // keys a later token would need, and then nothing is kept (the caller recomputes).
+  int64_t truncate(int64_t n);
+
+  int64_t committed() const { return committed_; }
+  const ModelShape& shape() const { return shape_; }
+  const EngineOptions& options() const { return options_; }
+  EngineMemory memory() const;
+
+ private:
+  struct LayerCache {
+    std::vector<uint8_t> k, v;
+    std::vector<int32_t> slot_pos;
+    int64_t capacity = 0;
+    KvCache view();
+  };
+
+  void run_block(int64_t layer, const LayerWeights& w, int64_t n, const int32_t* positions,
+                 const int32_t* slots_of_layer, const uint8_t* attn_mask);
+  void linear(const WeightMatrix& w, const float* x, QuantizedActs& xq, bool xq_ready, int64_t n, float* y);
+  void build_attention_mask(int64_t layer, int64_t n, const uint8_t* tree_mask);
+
+  ModelShape shape_;
+  std::vector<LayerShape> layer_shapes_;
+  EngineOptions options_;
+  WeightMatrix embed_{}, head_{};
+  const float* out_norm_ = nullptr;
+  LayerSource* source_ = nullptr;
+
+  std::vector<LayerCache> caches_;
+  int64_t committed_ = 0;       // positions 0..committed_-1 are in the cache
+  int64_t scratch_base_ = 0;    // first scratch slot index (mod capacity) of the last tree forward
+  int64_t scratch_count_ = 0;   // tree tokens written by the last forward and not yet committed
+  std::vector<int32_t> scratch_positions_;
+
+  // Work buffers sized for max_batch tokens.
+  std::vector<float> x_, h_, q_, k_, v_, attn_, gate_, up_, sel_;
+  std::vector<float> act2_, out2_;  // q8x2: [activations; residuals] and the doubled GEMM output
+  std::vector<int32_t> slots_;
+  std::vector<uint8_t> mask_;
+  QuantizedActs xq_;
+};
+
+}  // namespace ef::engine
