@@ -124,7 +124,7 @@ def _reuse_prefix(engine: Engine, prompt: list[int]) -> int:
         common += 1
     common = min(common, len(prompt) - 1)
     engine.truncate(common)
-    return common
+    return len(engine.tokens)  # an engine may keep fewer (a ring buffer cannot roll back far)
 
 
 def _find_stop(text: str, stops: list[str]) -> int | None:

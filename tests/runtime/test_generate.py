@@ -8,9 +8,9 @@ import edgeflash as ef
 from edgeflash.errors import UserError
 
 
-@pytest.fixture(scope="module")
-def smol():
-    return ef.load("smollm2-135m", engine="reference")
+@pytest.fixture(scope="module", params=["native", "reference"])
+def smol(request):
+    return ef.load("smollm2-135m", engine=request.param)
 
 
 PROMPT = "List the days of the week: Monday, Tuesday,"
@@ -64,6 +64,6 @@ def test_limits(smol):
         smol.generate([], max_tokens=4)
     with pytest.raises(UserError, match="messages\\[0\\]"):
         smol.chat([{"role": "user"}])
-    small = ef.load("smollm2-135m", engine="reference", context_length=8)
+    small = ef.load("smollm2-135m", engine=smol.engine.name, context_length=8)
     with pytest.raises(UserError, match="context"):
         small.generate("one two three four five six seven eight nine ten", max_tokens=4)
