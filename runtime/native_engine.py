@@ -87,7 +87,7 @@ class NativeEngine:
                     self._engine.set_vector(layer, slot, self._vector(t[prefix + name]))
         self.weight_bytes = sum(t[n].nbytes for n in t)
         self.tokens: list[int] = []
-        self._logits = np.empty((max_batch, spec.vocab_size), dtype=np.float32)
+        self._last_logits = np.empty((1, spec.vocab_size), dtype=np.float32)  # decode needs one row
 
     def _matrix(self, tensor: Tensor) -> tuple[np.ndarray, str, int, int]:
         """(raw bytes, format, rows, cols), converting formats the kernels do not run."""
@@ -119,13 +119,16 @@ class NativeEngine:
             base = self._engine.committed
             positions = np.arange(base, base + n, dtype=np.int32)
             last_chunk = start + n >= len(tokens)
-            rows = np.arange(n, dtype=np.int32) if all_logits else (
-                np.array([n - 1], dtype=np.int32) if last_chunk else np.empty(0, dtype=np.int32))
-            logits = self._logits[:len(rows)]
+            if all_logits:  # teacher forcing: a transient [n, vocab] buffer per chunk
+                rows, logits = np.arange(n, dtype=np.int32), np.empty((n, self.spec.vocab_size), np.float32)
+            elif last_chunk:
+                rows, logits = np.array([n - 1], dtype=np.int32), self._last_logits
+            else:
+                rows, logits = np.empty(0, dtype=np.int32), self._last_logits[:0]
             self._engine.forward(chunk, positions, None, rows, logits)
             self.tokens.extend(int(t) for t in chunk)
             if len(rows):
-                outputs.append(logits.copy())
+                outputs.append(logits if all_logits else logits.copy())
         return np.concatenate(outputs) if outputs else np.empty((0, self.spec.vocab_size), np.float32)
 
     def forward_tree(self, tokens: Sequence[int], depths: Sequence[int], mask: np.ndarray) -> np.ndarray:
@@ -135,11 +138,11 @@ class NativeEngine:
         tokens = np.asarray(tokens, dtype=np.int32)
         n = len(tokens)
         positions = (np.asarray(depths, dtype=np.int32) + self._engine.committed).astype(np.int32)
-        logits = self._logits[:n]
+        logits = np.empty((n, self.spec.vocab_size), dtype=np.float32)
         self._engine.forward(tokens, positions, np.ascontiguousarray(mask, dtype=np.uint8),
                              np.arange(n, dtype=np.int32), logits)
         self._tree_tokens = tokens
-        return logits.copy()
+        return logits
 
     def commit_tree(self, path: Sequence[int]) -> None:
         """Keep the keys/values of the tree nodes on `path` (indices, root first)."""
@@ -158,7 +161,7 @@ class NativeEngine:
         mem = self._engine.memory()
         out = {"engine": self.name, "threads": self.threads, "activations": self.activations,
                "weight_bytes": self.weight_bytes,
-               "kv_cache_bytes": mem["kv_cache"], "activation_bytes": mem["activations"] + self._logits.nbytes}
+               "kv_cache_bytes": mem["kv_cache"], "activation_bytes": mem["activations"] + self._last_logits.nbytes}
         if self.conversions:
             out["converted_tensors"] = len(self.conversions)
         return out

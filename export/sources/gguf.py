@@ -142,6 +142,12 @@ class GGUFFile:
         nbytes = rows * fmt.row_bytes(ne[0])
         return name, fmt.name, tuple(reversed(ne)), rel_offset, nbytes
 
+    def drop_large_metadata(self, max_items: int = 1024) -> None:
+        """Replace long arrays (vocabularies, merges) by their length, to free their memory."""
+        for key, value in self.metadata.items():
+            if isinstance(value, list) and len(value) > max_items:
+                self.metadata[key] = f"<{len(value)} items>"
+
     @property
     def architecture(self) -> str:
         arch = self.metadata.get("general.architecture")
@@ -178,6 +184,7 @@ def load_gguf(path: str | Path) -> ModelSource:
         tokenizer = Tokenizer.from_gguf_metadata(gguf_file.metadata)
     except ValueError as e:
         raise UnsupportedModelError(f"{where}: {e}") from None
+    gguf_file.drop_large_metadata()  # the vocabulary now lives in the tokenizer
     tensors = {name: family.fix_gguf_tensor(gguf_file.tensor(name), spec, arch) for name in gguf_file.tensors}
     source = ModelSource(path=gguf_file.path, kind="gguf", spec=spec, tokenizer=tokenizer, tensors=tensors,
                          info={"name": gguf_file.metadata.get("general.name") or gguf_file.path.stem,
