@@ -32,6 +32,8 @@ STATIC_DIR = Path(__file__).parent / "static"
 CONTENT_TYPES = {".html": "text/html; charset=utf-8", ".js": "text/javascript; charset=utf-8",
                  ".css": "text/css; charset=utf-8", ".svg": "image/svg+xml", ".png": "image/png",
                  ".ico": "image/x-icon"}
+POST_PATHS = ("/v1/chat/completions", "/v1/completions")
+GET_PATHS = ("/health", "/v1/models", "/", "/index.html")
 POLL_S = 0.25  # how often a waiting handler checks whether its client is still there
 
 
@@ -85,6 +87,8 @@ class Handler(BaseHTTPRequestHandler):
             self.log_error("unexpected error: %r", e)
             self._send_error(server_error(f"{type(e).__name__}: {e}"))
         finally:
+            if self.app.draining:
+                self.close_connection = True  # so handler threads end with the server
             self.app.request_finished()
 
     def _route_get(self, path: str) -> None:
@@ -105,6 +109,8 @@ class Handler(BaseHTTPRequestHandler):
             return self._send_static("index.html")
         if path.startswith("/static/"):
             return self._send_static(path[len("/static/"):])
+        if path in POST_PATHS:
+            raise self._wrong_method(self.command, path)
         raise self._not_found(path)
 
     def _route_post(self, path: str) -> None:
@@ -115,7 +121,7 @@ class Handler(BaseHTTPRequestHandler):
         if path == "/v1/completions":
             self._check_api_key()
             return self._generate(parse_completion, body)
-        if path in ("/health", "/v1/models", "/", "/index.html"):
+        if path in GET_PATHS:
             raise self._wrong_method("POST", path)
         raise self._not_found(path)
 
@@ -128,7 +134,7 @@ class Handler(BaseHTTPRequestHandler):
                         "/v1/completions, /health)", code="not_found")
 
     def _wrong_method(self, method: str, path: str) -> ApiError:
-        allowed = "POST" if path.startswith("/v1/") and "completions" in path else "GET"
+        allowed = "POST" if path in POST_PATHS else "GET"
         return ApiError(405, f"{method} is not allowed on {path}; use {allowed}", code="method_not_allowed",
                         headers={"Allow": allowed})
 
