@@ -1,6 +1,9 @@
 #include "edgeflash/thread_pool.h"
 
+#include <pthread.h>
+
 #include <chrono>
+#include <new>
 
 #include "edgeflash/formats.h"
 
@@ -23,8 +26,27 @@ constexpr auto kSpinTime = std::chrono::microseconds(200);
 }  // namespace
 
 ThreadPool& ThreadPool::global() {
-  static ThreadPool* pool = new ThreadPool();  // never destroyed: workers may outlive statics
+  static ThreadPool* pool = [] {
+    auto* p = new ThreadPool();  // never destroyed: workers may outlive statics
+    pthread_atfork(nullptr, nullptr, [] { ThreadPool::global().reset_after_fork(); });
+    return p;
+  }();
   return *pool;
+}
+
+// A forked child has only the forking thread: forget the parent's workers (their std::thread
+// objects are leaked on purpose, joining or destroying them would abort) and run single-threaded
+// until set_num_threads starts new ones.
+void ThreadPool::reset_after_fork() {
+  new (&workers_) std::vector<std::thread>();  // the old vector's buffer is leaked, not destroyed
+  new (&run_mutex_) std::mutex();
+  new (&sleep_mutex_) std::mutex();
+  new (&wake_) std::condition_variable();
+  n_threads_ = 1;
+  active_.store(0);
+  sleepers_.store(0);
+  stop_.store(false);
+  if (generation_.load() & 1) generation_.fetch_add(1);
 }
 
 ThreadPool::ThreadPool() {

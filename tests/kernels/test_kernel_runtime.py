@@ -43,3 +43,20 @@ def test_thread_pool_resizes_and_stays_correct():
             np.testing.assert_array_equal(K.matmul(q, "q8_0", x), want)
     finally:
         K.set_num_threads(before)
+
+
+def test_kernels_work_in_a_forked_child():
+    import os
+
+    rng = np.random.default_rng(2)
+    q = K.quantize(rng.standard_normal((4096, 256)).astype(np.float32), "q8_0")
+    x = rng.standard_normal((2, 256)).astype(np.float32)
+    want = K.matmul(q, "q8_0", x)  # the pool's workers exist now
+    pid = os.fork()
+    if pid == 0:  # child: single-threaded until asked, then a fresh pool
+        ok = np.array_equal(K.matmul(q, "q8_0", x), want)
+        K.set_num_threads(2)
+        ok = ok and np.array_equal(K.matmul(q, "q8_0", x), want)
+        os._exit(0 if ok else 3)
+    _, status = os.waitpid(pid, 0)
+    assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0

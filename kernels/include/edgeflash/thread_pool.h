@@ -47,6 +47,7 @@ class ThreadPool {
   void stop_workers();
   void worker_loop(int thread_index, uint64_t seen);
   void run_tasks(int thread_index);
+  void reset_after_fork();
 
   int n_threads_ = 1;
   std::vector<std::thread> workers_;
