@@ -77,7 +77,7 @@ packages, package_dir = discover_packages()
 setup(
     packages=packages,
     package_dir=package_dir,
-    package_data={"edgeflash": ["apps/web/*"]},
+    package_data={"edgeflash": ["apps/web/*"], "edgeflash.server": ["static/*"]},
     ext_modules=[CMakeExtension("edgeflash.kernels._native")],
     cmdclass={"build_ext": CMakeBuild},
 )

@@ -140,6 +140,7 @@ async function send(text) {
       if (chunk.edgeflash) stats = chunk.edgeflash;
     }
     conversation.push({ role: "assistant", content: replyText.textContent });
+    reply.dataset.pieces = String(pieces);
     reply.dataset.finish = finish || "unknown";
     if (stats) {
       const line = describe(stats, usage);
