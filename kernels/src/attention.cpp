@@ -84,8 +84,8 @@ void attention(const KvCache& cache, const AttentionArgs& a) {
     float* acc = l + R;
     std::fill(m, m + R, -std::numeric_limits<float>::infinity());
     std::fill(l, l + R + R * hd, 0.0f);
-    float* scratch = scratch_floats(static_cast<size_t>(R * kChunk + 2 * hd + (R * kChunk + 3) / 4));
-    uint8_t* vis = reinterpret_cast<uint8_t*>(scratch + R * kChunk + 2 * hd);
+    float* scratch = scratch_floats(static_cast<size_t>(R * kChunk + 8 * hd + (R * kChunk + 3) / 4));
+    uint8_t* vis = reinterpret_cast<uint8_t*>(scratch + R * kChunk + 8 * hd);
     for (int64_t j0 = j_begin; j0 < j_end; j0 += kChunk) {
       const int64_t c = std::min(kChunk, j_end - j0);
       bool any = false;

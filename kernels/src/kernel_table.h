@@ -54,7 +54,7 @@ struct AttnChunk {
   float* m;              // [R]
   float* l;              // [R]
   float* acc;            // [R, hd]
-  float* scratch;        // R * c + 2 * hd floats
+  float* scratch;        // R * c + 8 * hd floats
 };
 using AttnChunkFn = void (*)(const AttnChunk& a);
 

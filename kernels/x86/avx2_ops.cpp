@@ -26,30 +26,65 @@ inline void kv_row(const uint8_t* row, int64_t hd, float* out) {
   }
 }
 
-inline float dot(const float* a, const float* b, int64_t n) {  // n % 16 == 0
-  __m256 s0 = _mm256_setzero_ps(), s1 = _mm256_setzero_ps();
-  for (int64_t i = 0; i < n; i += 16) {
-    s0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), s0);
-    s1 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i + 8), _mm256_loadu_ps(b + i + 8), s1);
-  }
-  return hsum(_mm256_add_ps(s0, s1));
+// Horizontal sums of 8 vectors at once: [sum a0, ..., sum a7].
+inline __m256 hsum8(const __m256* a) {
+  const __m256 t0 = _mm256_hadd_ps(_mm256_hadd_ps(a[0], a[1]), _mm256_hadd_ps(a[2], a[3]));
+  const __m256 t1 = _mm256_hadd_ps(_mm256_hadd_ps(a[4], a[5]), _mm256_hadd_ps(a[6], a[7]));
+  return _mm256_add_ps(_mm256_permute2f128_ps(t0, t1, 0x20), _mm256_permute2f128_ps(t0, t1, 0x31));
 }
 
+// Slots go 8 at a time: their K (then V) rows are converted to f32 once into scratch and shared
+// by all R query rows; 8 scores per row come out of one transpose-reduce, and the V sums of a
+// 32-wide slice stay in registers across the 8 slots.
 template <bool Q8>
 void attn_chunk(const AttnChunk& a) {
   const int64_t R = a.R, hd = a.hd, c = a.c;
-  float* s = a.scratch;
-  float* row = a.scratch + R * c;
+  float* s = a.scratch;             // [R, c]
+  float* rows = a.scratch + R * c;  // [8, hd]
   const float ninf = -std::numeric_limits<float>::infinity();
-  for (int64_t j = 0; j < c; ++j) {
+  for (int64_t j0 = 0; j0 < c; j0 += 8) {
+    const int64_t nb = c - j0 < 8 ? c - j0 : 8;
     bool any = false;
-    for (int64_t r = 0; r < R; ++r) any |= a.vis[r * c + j] != 0;
+    for (int64_t r = 0; r < R && !any; ++r) {
+      if (nb == 8) {
+        uint64_t w;
+        std::memcpy(&w, a.vis + r * c + j0, 8);
+        any = w != 0;
+      } else {
+        for (int64_t j = 0; j < nb; ++j) any |= a.vis[r * c + j0 + j] != 0;
+      }
+    }
     if (!any) {
-      for (int64_t r = 0; r < R; ++r) s[r * c + j] = ninf;
+      for (int64_t r = 0; r < R; ++r)
+        for (int64_t j = 0; j < nb; ++j) s[r * c + j0 + j] = ninf;
       continue;
     }
-    kv_row<Q8>(a.k + j * a.row_bytes, hd, row);
-    for (int64_t r = 0; r < R; ++r) s[r * c + j] = a.vis[r * c + j] ? dot(a.q + r * hd, row, hd) * a.scale : ninf;
+    for (int64_t j = 0; j < 8; ++j) {
+      if (j < nb) {
+        kv_row<Q8>(a.k + (j0 + j) * a.row_bytes, hd, rows + j * hd);
+      } else {
+        for (int64_t i = 0; i < hd; i += 8) _mm256_storeu_ps(rows + j * hd + i, _mm256_setzero_ps());
+      }
+    }
+    for (int64_t r = 0; r < R; ++r) {
+      const float* q = a.q + r * hd;
+      __m256 acc[8];
+      for (int j = 0; j < 8; ++j) acc[j] = _mm256_setzero_ps();
+      for (int64_t i = 0; i < hd; i += 8) {
+        const __m256 qv = _mm256_loadu_ps(q + i);
+        for (int j = 0; j < 8; ++j) acc[j] = _mm256_fmadd_ps(qv, _mm256_loadu_ps(rows + j * hd + i), acc[j]);
+      }
+      const __m256 sc = _mm256_mul_ps(hsum8(acc), _mm256_set1_ps(a.scale));
+      if (nb == 8) {
+        const __m256i v = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(a.vis + r * c + j0)));
+        const __m256 hidden = _mm256_castsi256_ps(_mm256_cmpeq_epi32(v, _mm256_setzero_si256()));
+        _mm256_storeu_ps(s + r * c + j0, _mm256_blendv_ps(sc, _mm256_set1_ps(ninf), hidden));
+      } else {
+        alignas(32) float tmp[8];
+        _mm256_store_ps(tmp, sc);
+        for (int64_t j = 0; j < nb; ++j) s[r * c + j0 + j] = a.vis[r * c + j0 + j] ? tmp[j] : ninf;
+      }
+    }
   }
   if (a.softcap > 0.0f) {
     const __m256 cap = _mm256_set1_ps(a.softcap), inv = _mm256_set1_ps(1.0f / a.softcap);
@@ -75,10 +110,9 @@ void attn_chunk(const AttnChunk& a) {
     __m256 sum = _mm256_setzero_ps();
     int64_t j = 0;
     for (; j + 8 <= c; j += 8) {
-      const __m256 p = exp8(_mm256_sub_ps(_mm256_loadu_ps(sr + j), mv));
+      const __m256 v = _mm256_loadu_ps(sr + j);
       // exp8 clamps its input, so hidden (-inf) scores are zeroed explicitly
-      const __m256 hidden = _mm256_cmp_ps(_mm256_loadu_ps(sr + j), _mm256_set1_ps(ninf), _CMP_EQ_OQ);
-      const __m256 pz = _mm256_andnot_ps(hidden, p);
+      const __m256 pz = _mm256_andnot_ps(_mm256_cmp_ps(v, _mm256_set1_ps(ninf), _CMP_EQ_OQ), exp8(_mm256_sub_ps(v, mv)));
       _mm256_storeu_ps(sr + j, pz);
       sum = _mm256_add_ps(sum, pz);
     }
@@ -95,19 +129,33 @@ void attn_chunk(const AttnChunk& a) {
       for (int64_t i = 0; i < hd; i += 8) _mm256_storeu_ps(acc + i, _mm256_mul_ps(cv, _mm256_loadu_ps(acc + i)));
     }
   }
-  for (int64_t j = 0; j < c; ++j) {
+  for (int64_t j0 = 0; j0 < c; j0 += 8) {
+    const int64_t nb = c - j0 < 8 ? c - j0 : 8;
     bool any = false;
-    for (int64_t r = 0; r < R; ++r) any |= s[r * c + j] != 0.0f && a.m[r] != ninf;
+    for (int64_t r = 0; r < R && !any; ++r) {
+      if (a.m[r] == ninf) continue;
+      if (nb == 8) {
+        any = _mm256_movemask_ps(_mm256_cmp_ps(_mm256_loadu_ps(s + r * c + j0), _mm256_setzero_ps(), _CMP_NEQ_UQ)) != 0;
+      } else {
+        for (int64_t j = 0; j < nb; ++j) any |= s[r * c + j0 + j] != 0.0f;
+      }
+    }
     if (!any) continue;
-    kv_row<Q8>(a.v + j * a.row_bytes, hd, row);
+    for (int64_t j = 0; j < nb; ++j) kv_row<Q8>(a.v + (j0 + j) * a.row_bytes, hd, rows + j * hd);
     for (int64_t r = 0; r < R; ++r) {
       if (a.m[r] == ninf) continue;
-      const float p = s[r * c + j];
-      if (p == 0.0f) continue;
-      const __m256 pv = _mm256_set1_ps(p);
+      __m256 p[8];
+      for (int64_t j = 0; j < nb; ++j) p[j] = _mm256_set1_ps(s[r * c + j0 + j]);
       float* acc = a.acc + r * hd;
-      for (int64_t i = 0; i < hd; i += 8)
-        _mm256_storeu_ps(acc + i, _mm256_fmadd_ps(pv, _mm256_loadu_ps(row + i), _mm256_loadu_ps(acc + i)));
+      for (int64_t i = 0; i < hd; i += 16) {
+        __m256 a0 = _mm256_loadu_ps(acc + i), a1 = _mm256_loadu_ps(acc + i + 8);
+        for (int64_t j = 0; j < nb; ++j) {
+          a0 = _mm256_fmadd_ps(p[j], _mm256_loadu_ps(rows + j * hd + i), a0);
+          a1 = _mm256_fmadd_ps(p[j], _mm256_loadu_ps(rows + j * hd + i + 8), a1);
+        }
+        _mm256_storeu_ps(acc + i, a0);
+        _mm256_storeu_ps(acc + i + 8, a1);
+      }
     }
   }
 }
