@@ -29,30 +29,47 @@ inline void kv_row(const uint8_t* row, int64_t hd, float* out) {
   }
 }
 
-inline float dot(const float* a, const float* b, int64_t n) {  // n % 16 == 0
-  float32x4_t s0 = vdupq_n_f32(0.0f), s1 = vdupq_n_f32(0.0f);
-  for (int64_t i = 0; i < n; i += 8) {
-    s0 = vfmaq_f32(s0, vld1q_f32(a + i), vld1q_f32(b + i));
-    s1 = vfmaq_f32(s1, vld1q_f32(a + i + 4), vld1q_f32(b + i + 4));
-  }
-  return vaddvq_f32(vaddq_f32(s0, s1));
-}
+// [sum a0, sum a1, sum a2, sum a3]
+inline float32x4_t hsum4x4(const float32x4_t* a) { return vpaddq_f32(vpaddq_f32(a[0], a[1]), vpaddq_f32(a[2], a[3])); }
 
+// Same structure as the AVX2 kernel: 8 slots at a time, K/V rows converted once into scratch
+// and shared by all R query rows, scores by transpose-reduce, V sums of a slice in registers.
 template <bool Q8>
 void attn_chunk(const AttnChunk& a) {
   const int64_t R = a.R, hd = a.hd, c = a.c;
-  float* s = a.scratch;
-  float* row = a.scratch + R * c;
+  float* s = a.scratch;             // [R, c]
+  float* rows = a.scratch + R * c;  // [8, hd]
   const float ninf = -std::numeric_limits<float>::infinity();
-  for (int64_t j = 0; j < c; ++j) {
+  for (int64_t j0 = 0; j0 < c; j0 += 8) {
+    const int64_t nb = c - j0 < 8 ? c - j0 : 8;
     bool any = false;
-    for (int64_t r = 0; r < R; ++r) any |= a.vis[r * c + j] != 0;
+    for (int64_t r = 0; r < R && !any; ++r)
+      for (int64_t j = 0; j < nb; ++j) any |= a.vis[r * c + j0 + j] != 0;
     if (!any) {
-      for (int64_t r = 0; r < R; ++r) s[r * c + j] = ninf;
+      for (int64_t r = 0; r < R; ++r)
+        for (int64_t j = 0; j < nb; ++j) s[r * c + j0 + j] = ninf;
       continue;
     }
-    kv_row<Q8>(a.k + j * a.row_bytes, hd, row);
-    for (int64_t r = 0; r < R; ++r) s[r * c + j] = a.vis[r * c + j] ? dot(a.q + r * hd, row, hd) * a.scale : ninf;
+    for (int64_t j = 0; j < 8; ++j) {
+      if (j < nb) {
+        kv_row<Q8>(a.k + (j0 + j) * a.row_bytes, hd, rows + j * hd);
+      } else {
+        for (int64_t i = 0; i < hd; i += 4) vst1q_f32(rows + j * hd + i, vdupq_n_f32(0.0f));
+      }
+    }
+    for (int64_t r = 0; r < R; ++r) {
+      const float* q = a.q + r * hd;
+      float32x4_t acc[8];
+      for (int j = 0; j < 8; ++j) acc[j] = vdupq_n_f32(0.0f);
+      for (int64_t i = 0; i < hd; i += 4) {
+        const float32x4_t qv = vld1q_f32(q + i);
+        for (int j = 0; j < 8; ++j) acc[j] = vfmaq_f32(acc[j], qv, vld1q_f32(rows + j * hd + i));
+      }
+      float sc[8];
+      vst1q_f32(sc, vmulq_n_f32(hsum4x4(acc), a.scale));
+      vst1q_f32(sc + 4, vmulq_n_f32(hsum4x4(acc + 4), a.scale));
+      for (int64_t j = 0; j < nb; ++j) s[r * c + j0 + j] = a.vis[r * c + j0 + j] ? sc[j] : ninf;
+    }
   }
   if (a.softcap > 0.0f) {
     for (int64_t r = 0; r < R; ++r) {
@@ -77,8 +94,7 @@ void attn_chunk(const AttnChunk& a) {
     int64_t j = 0;
     for (; j + 4 <= c; j += 4) {
       const float32x4_t v = vld1q_f32(sr + j);
-      const float32x4_t p = exp4(vsubq_f32(v, vdupq_n_f32(mx)));
-      const float32x4_t pz = vbslq_f32(vceqq_f32(v, vdupq_n_f32(ninf)), vdupq_n_f32(0.0f), p);
+      const float32x4_t pz = vbslq_f32(vceqq_f32(v, vdupq_n_f32(ninf)), vdupq_n_f32(0.0f), exp4(vsubq_f32(v, vdupq_n_f32(mx))));
       vst1q_f32(sr + j, pz);
       sum = vaddq_f32(sum, pz);
     }
@@ -94,17 +110,28 @@ void attn_chunk(const AttnChunk& a) {
       for (int64_t i = 0; i < hd; i += 4) vst1q_f32(acc + i, vmulq_n_f32(vld1q_f32(acc + i), corr));
     }
   }
-  for (int64_t j = 0; j < c; ++j) {
+  for (int64_t j0 = 0; j0 < c; j0 += 8) {
+    const int64_t nb = c - j0 < 8 ? c - j0 : 8;
     bool any = false;
-    for (int64_t r = 0; r < R; ++r) any |= s[r * c + j] != 0.0f && a.m[r] != ninf;
-    if (!any) continue;
-    kv_row<Q8>(a.v + j * a.row_bytes, hd, row);
     for (int64_t r = 0; r < R; ++r) {
       if (a.m[r] == ninf) continue;
-      const float p = s[r * c + j];
-      if (p == 0.0f) continue;
+      for (int64_t j = 0; j < nb; ++j) any |= s[r * c + j0 + j] != 0.0f;
+    }
+    if (!any) continue;
+    for (int64_t j = 0; j < nb; ++j) kv_row<Q8>(a.v + (j0 + j) * a.row_bytes, hd, rows + j * hd);
+    for (int64_t r = 0; r < R; ++r) {
+      if (a.m[r] == ninf) continue;
+      const float* p = s + r * c + j0;
       float* acc = a.acc + r * hd;
-      for (int64_t i = 0; i < hd; i += 4) vst1q_f32(acc + i, vfmaq_n_f32(vld1q_f32(acc + i), vld1q_f32(row + i), p));
+      for (int64_t i = 0; i < hd; i += 8) {
+        float32x4_t a0 = vld1q_f32(acc + i), a1 = vld1q_f32(acc + i + 4);
+        for (int64_t j = 0; j < nb; ++j) {
+          a0 = vfmaq_n_f32(a0, vld1q_f32(rows + j * hd + i), p[j]);
+          a1 = vfmaq_n_f32(a1, vld1q_f32(rows + j * hd + i + 4), p[j]);
+        }
+        vst1q_f32(acc + i, a0);
+        vst1q_f32(acc + i + 4, a1);
+      }
     }
   }
 }
