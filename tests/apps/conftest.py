@@ -10,7 +10,7 @@ def web_server():
     import edgeflash as ef
     from edgeflash.server import Server, ServerConfig
 
-    model = ef.load("smollm2-135m", engine="reference")
+    model = ef.load("smollm2-135m")
     server = Server(model, ServerConfig(port=0, max_tokens=64, access_log=False))
     server.start()
     yield server

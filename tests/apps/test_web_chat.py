@@ -18,7 +18,7 @@ LAST_REPLY = "[...document.querySelectorAll('.msg.assistant')].at(-1)"
 def test_web_chat_streams_an_answer_in_chromium(web_server):
     import edgeflash as ef
 
-    oracle = ef.load("smollm2-135m", engine="reference")
+    oracle = ef.load("smollm2-135m")
     want = oracle.chat([{"role": "user", "content": QUESTION}], MAX_TOKENS, temperature=0.0)
     oracle.close()
 

@@ -18,8 +18,8 @@ MAX_TOKENS = 8
 Q1 = "What is the capital of France?"
 Q2 = "And of Italy?"
 ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]|\x1b[=>]")
-CHAT = [sys.executable, "-m", "edgeflash.cli.main", "chat", "-m", "smollm2-135m", "--engine", "reference",
-        "-n", str(MAX_TOKENS)]
+CHAT = [sys.executable, "-m", "edgeflash.cli.main", "chat", "-m", "smollm2-135m", "-n",
+        str(MAX_TOKENS)]
 
 
 @pytest.fixture(scope="module")
@@ -27,7 +27,7 @@ def replies():
     """Greedy replies of the Python API for the conversations the tests hold."""
     import edgeflash as ef
 
-    model = ef.load("smollm2-135m", engine="reference")
+    model = ef.load("smollm2-135m")
     a1 = model.chat([{"role": "user", "content": Q1}], MAX_TOKENS)
     a2 = model.chat([{"role": "user", "content": Q1}, {"role": "assistant", "content": a1.text},
                      {"role": "user", "content": Q2}], MAX_TOKENS)

@@ -4,16 +4,15 @@ computes the answers the server must match."""
 from __future__ import annotations
 
 import pytest
-
-TEST_LIMITS = {"max_tokens": 48, "max_prompt_tokens": 160, "max_body_bytes": 64 * 1024, "max_queue": 8}
+from server_helpers import TEST_LIMITS
 
 
 @pytest.fixture(scope="session")
-def reference_model():
+def oracle():
     """The oracle: `Model.generate` greedy output that every server answer is compared with."""
     import edgeflash as ef
 
-    model = ef.load("smollm2-135m", engine="reference")
+    model = ef.load("smollm2-135m")
     yield model
     model.close()
 
@@ -24,7 +23,7 @@ def served():
     import edgeflash as ef
     from edgeflash.server import Server, ServerConfig
 
-    model = ef.load("smollm2-135m", engine="reference")
+    model = ef.load("smollm2-135m")
     server = Server(model, ServerConfig(port=0, aliases=("smollm2-135m",), access_log=False, **TEST_LIMITS))
     server.start()
     yield server

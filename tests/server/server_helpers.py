@@ -7,6 +7,12 @@ import json
 from typing import Any
 from urllib.parse import urlparse
 
+# Greedy decoding counts on and on from here (no end-of-text for hundreds of tokens): a request that
+# keeps the worker busy until its client leaves.
+LONG_PROMPT = "1, 2, 3, 4, 5,"
+# The limits of the shared test server: small prompt and body limits so the refusals are cheap to reach.
+TEST_LIMITS = {"max_tokens": 1024, "max_prompt_tokens": 160, "max_body_bytes": 64 * 1024, "max_queue": 8}
+
 
 def request(url: str, method: str, path: str, body: Any = None, *, raw: bytes | None = None,
             headers: dict[str, str] | None = None, timeout: float = 300) -> tuple[int, dict[str, str], Any]:

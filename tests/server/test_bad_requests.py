@@ -10,8 +10,7 @@ import time
 
 import openai
 import pytest
-from conftest import TEST_LIMITS
-from server_helpers import assert_error, request
+from server_helpers import LONG_PROMPT, TEST_LIMITS, assert_error, request
 
 CHAT = "/v1/chat/completions"
 COMPLETIONS = "/v1/completions"
@@ -147,10 +146,10 @@ def wait_until_idle(url: str, timeout: float = 120) -> dict:
     raise AssertionError(f"the worker is still busy after {timeout} s: {health}")
 
 
-def test_client_disconnect_mid_stream_frees_the_worker(served, reference_model):
+def test_client_disconnect_mid_stream_frees_the_worker(served, oracle):
     """A client that hangs up after the first streamed piece: its generation is dropped, not finished."""
     before = wait_until_idle(served.url)["completed_requests"]
-    body = json.dumps({"prompt": "Once upon a time", "max_tokens": TEST_LIMITS["max_tokens"], "stream": True,
+    body = json.dumps({"prompt": LONG_PROMPT, "max_tokens": TEST_LIMITS["max_tokens"], "stream": True,
                        "temperature": 0}).encode()
     sock = socket.create_connection(("127.0.0.1", served.port), timeout=300)
     sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
@@ -166,7 +165,7 @@ def test_client_disconnect_mid_stream_frees_the_worker(served, reference_model):
     # The worker is free and its cache consistent: the next answer is the oracle's.
     status, _, got = request(served.url, "POST", COMPLETIONS, {"prompt": "The sky is", "max_tokens": 4})
     assert status == 200
-    assert got["choices"][0]["text"] == reference_model.generate("The sky is", 4).text
+    assert got["choices"][0]["text"] == oracle.generate("The sky is", 4).text
 
 
 def test_health_after_all_errors(served):

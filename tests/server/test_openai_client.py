@@ -21,19 +21,19 @@ def client(served):
 
 
 @pytest.fixture(scope="module")
-def expected(reference_model):
+def expected(oracle):
     """Greedy answers from the in-process API, computed once per (kind, prompt, max_tokens, stop)."""
 
     @lru_cache(maxsize=None)
     def answer(kind: str, prompt: str, max_tokens: int, stop: str | None = None):
         if kind == "chat":
-            return reference_model.chat(QUESTION, max_tokens, temperature=0.0, stop=stop)
-        return reference_model.generate(prompt, max_tokens, temperature=0.0, stop=stop)
+            return oracle.chat(QUESTION, max_tokens, temperature=0.0, stop=stop)
+        return oracle.generate(prompt, max_tokens, temperature=0.0, stop=stop)
 
     return answer
 
 
-def test_chat_completion_matches_generate(client, served, expected, reference_model):
+def test_chat_completion_matches_generate(client, served, expected, oracle):
     want = expected("chat", "", CHAT_MAX)
     got = client.chat.completions.create(model=served.model_id, messages=QUESTION, max_tokens=CHAT_MAX,
                                          temperature=0)
@@ -41,7 +41,7 @@ def test_chat_completion_matches_generate(client, served, expected, reference_mo
     assert got.choices[0].message.role == "assistant"
     assert got.choices[0].message.content == want.text
     assert got.choices[0].finish_reason == want.finish_reason
-    assert got.usage.prompt_tokens == len(reference_model.chat_prompt(QUESTION))
+    assert got.usage.prompt_tokens == len(oracle.chat_prompt(QUESTION))
     assert got.usage.completion_tokens == len(want.tokens)
     assert got.usage.total_tokens == got.usage.prompt_tokens + got.usage.completion_tokens
     stats = got.model_extra["edgeflash"]

@@ -9,7 +9,7 @@ import threading
 import time
 
 import pytest
-from server_helpers import assert_error, request
+from server_helpers import LONG_PROMPT, assert_error, request
 
 
 @pytest.fixture(scope="module")
@@ -18,8 +18,8 @@ def small_queue_server():
     import edgeflash as ef
     from edgeflash.server import Server, ServerConfig
 
-    model = ef.load("smollm2-135m", engine="reference")
-    server = Server(model, ServerConfig(port=0, max_queue=1, max_tokens=48, access_log=False,
+    model = ef.load("smollm2-135m")
+    server = Server(model, ServerConfig(port=0, max_queue=1, max_tokens=1024, access_log=False,
                                         shutdown_grace_s=0.0))
     server.start()
     yield server
@@ -50,9 +50,9 @@ def wait_for(url: str, predicate, timeout: float = 120) -> dict:
     raise AssertionError(f"health never matched: {health}")
 
 
-def test_full_queue_gets_503_and_waiting_request_completes(small_queue_server, reference_model):
+def test_full_queue_gets_503_and_waiting_request_completes(small_queue_server, oracle):
     server = small_queue_server
-    running = open_stream(server.port, "Once upon a time", 48)  # occupies the worker
+    running = open_stream(server.port, LONG_PROMPT, 1000)  # occupies the worker
     waiting_result: dict = {}
 
     def wait_in_queue() -> None:
@@ -70,14 +70,14 @@ def test_full_queue_gets_503_and_waiting_request_completes(small_queue_server, r
     waiter.join(300)
     status, _, body = waiting_result["response"]
     assert status == 200
-    assert body["choices"][0]["text"] == reference_model.generate("The capital of France is", 5).text
+    assert body["choices"][0]["text"] == oracle.generate("The capital of France is", 5).text
     health = wait_for(server.url, lambda h: not h["busy"])
     assert health["status"] == "ok" and health["queue_depth"] == 0
 
 
 def test_shutdown_fails_waiting_requests_with_503(small_queue_server):
     server = small_queue_server
-    running = open_stream(server.port, "Once upon a time", 48)
+    running = open_stream(server.port, LONG_PROMPT, 1000)
     waiting_result: dict = {}
     waiter = threading.Thread(target=lambda: waiting_result.update(
         response=request(server.url, "POST", "/v1/completions", {"prompt": "Hello", "max_tokens": 5})))

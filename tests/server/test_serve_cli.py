@@ -19,7 +19,7 @@ URL_LINE = re.compile(r"listening on (http://(\S+):(\d+))")
 
 def start_serve(*args: str) -> tuple[subprocess.Popen, str]:
     proc = subprocess.Popen([sys.executable, "-m", "edgeflash.cli.main", "serve", "-m", "smollm2-135m",
-                             "--engine", "reference", "--port", "0", *args],
+                             "--port", "0", *args],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     line = proc.stdout.readline()
     match = URL_LINE.search(line)
