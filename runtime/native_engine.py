@@ -73,21 +73,31 @@ class NativeEngine:
                                           kv_format, activations)
         except ValueError as e:
             raise UserError(f"{source.path}: {e}") from None
-        t = source.tensors
-        self._engine.set_embedding(*self._matrix(t["token_embd.weight"]))
-        head = t.get("output.weight") or t["token_embd.weight"]
-        self._engine.set_head(*self._matrix(head))
+        self.tokens: list[int] = []
+        self._last_logits = np.empty((1, spec.vocab_size), dtype=np.float32)  # decode needs one row
+        self.weight_bytes = source.weight_bytes
+        self._load_weights()
+
+    def _load_weights(self) -> None:
+        """Everything resident, read in place (a memory-mapped file is paged in as it is used)."""
+        self._set_weights(self.source.tensors)
+
+    def _set_weights(self, t: dict[str, Tensor]) -> None:
+        """Hand the engine every tensor present in `t` (a budgeted engine leaves streamed ones out)."""
+        if "token_embd.weight" in t:
+            self._engine.set_embedding(*self._matrix(t["token_embd.weight"]))
+        head = t.get("output.weight") if not self.spec.tied_embeddings else t.get("token_embd.weight")
+        if head is not None:
+            self._engine.set_head(*self._matrix(head))
         self._engine.set_output_norm(self._vector(t["output_norm.weight"]))
-        for layer in range(spec.n_layers):
+        for layer in range(self.spec.n_layers):
             prefix = f"blk.{layer}."
             for slot, name in _MATRICES.items():
-                self._engine.set_matrix(layer, slot, *self._matrix(t[prefix + name]))
+                if prefix + name in t:
+                    self._engine.set_matrix(layer, slot, *self._matrix(t[prefix + name]))
             for slot, name in _VECTORS.items():
                 if prefix + name in t:
                     self._engine.set_vector(layer, slot, self._vector(t[prefix + name]))
-        self.weight_bytes = sum(t[n].nbytes for n in t)
-        self.tokens: list[int] = []
-        self._last_logits = np.empty((1, spec.vocab_size), dtype=np.float32)  # decode needs one row
 
     def _matrix(self, tensor: Tensor) -> tuple[np.ndarray, str, int, int]:
         """(raw bytes, format, rows, cols), converting formats the kernels do not run."""

@@ -51,8 +51,9 @@ def expected_tensor_names(spec: ModelSpec) -> list[str]:
     return names + [f"blk.{i}.{n}" for i in range(spec.n_layers) for n in per_layer]
 
 
-def open_model(path: str | Path) -> ModelSource:
-    """Load a GGUF file, a Hugging Face directory or an edgeflash bundle, by what is on disk."""
+def open_model(path: str | Path, *, verify: bool = True) -> ModelSource:
+    """Load a GGUF file, a Hugging Face directory or an edgeflash bundle, by what is on disk.
+    `verify=False` skips a bundle's checksum pass (a budgeted run verifies with direct I/O)."""
     path = Path(path).expanduser()
     if not path.exists():
         raise ModelFormatError(f"{path}: no such file or directory")
@@ -60,7 +61,7 @@ def open_model(path: str | Path) -> ModelSource:
         if (path / "manifest.json").exists():
             from edgeflash.runtime.bundle import load_bundle
 
-            return load_bundle(path)
+            return load_bundle(path, verify=verify)
         if (path / "config.json").exists():
             from edgeflash.export.sources.hf import load_hf_dir
 

@@ -16,28 +16,54 @@ ENGINES = ("auto", "native", "reference")
 
 
 def load(model: str | Path = "default", *, memory_budget: str | int | None = None, threads: int = 2,
-         engine: str = "auto", context_length: int | None = None) -> Model:
-    """Open a GGUF file, a Hugging Face directory, a bundle or a model alias ("default")."""
+         engine: str = "auto", context_length: int | None = None, strategy: str = "flash",
+         activations: str = "q8x2") -> Model:
+    """Open a GGUF file, a Hugging Face directory, a bundle or a model alias ("default").
+
+    memory_budget: one byte budget ("96MB", "1.5GiB" or bytes) for everything loading and running
+    the model allocates; weights that do not fit are read from flash for every token.
+    strategy: how a budgeted run streams ("flash", "hybrid" or "naive"; see edgeflash.memory.planner).
+    activations: "q8x2" (default, agrees with the reference), "q8" (fastest) or "f32"."""
     if engine not in ENGINES:
         raise UserError(f"engine = {engine!r}: expected one of {', '.join(ENGINES)}")
     if threads < 1:
         raise UserError(f"threads = {threads}: expected an integer >= 1")
     if context_length is not None and context_length < 2:
         raise UserError(f"context_length = {context_length}: expected an integer >= 2")
-    if memory_budget is not None:
-        raise UserError("memory_budget is not supported by this build yet")
-    source = open_model(resolve_model(model))
-    return Model(source, _make_engine(source, engine, threads, context_length))
+    if activations not in ("q8x2", "q8", "f32"):
+        raise UserError(f"activations = {activations!r}: expected q8x2, q8 or f32")
+    path = resolve_model(model)
+    if memory_budget is None:
+        source = open_model(path)
+        return Model(source, _make_engine(source, engine, threads, context_length, activations))
+    return Model(*_load_budgeted(path, memory_budget, engine, threads, context_length, strategy, activations))
 
 
-def _make_engine(source: ModelSource, engine: str, threads: int, context_length: int | None):
+def _make_engine(source: ModelSource, engine: str, threads: int, context_length: int | None, activations: str):
     if engine == "reference":
         from edgeflash.runtime.reference import ReferenceEngine
 
         return ReferenceEngine(source, context_length=context_length)
     from edgeflash.runtime.native_engine import NativeEngine
 
-    return NativeEngine(source, threads=threads, context_length=context_length)
+    return NativeEngine(source, threads=threads, context_length=context_length, activations=activations)
+
+
+def _load_budgeted(path: Path, memory_budget: str | int, engine: str, threads: int, context_length: int | None,
+                   strategy: str, activations: str):
+    from edgeflash.memory.budgeted import BudgetedEngine
+    from edgeflash.memory.rss import current_rss_bytes
+    from edgeflash.memory.sizes import parse_size
+
+    budget = parse_size(memory_budget)
+    if engine == "reference":
+        raise UserError("memory_budget needs the native engine (the reference runtime keeps every weight in float32)")
+    before = current_rss_bytes()
+    source = open_model(path, verify=False)  # checksums are verified with direct I/O while loading
+    metadata = max(0, current_rss_bytes() - before)  # tokenizer and manifest: part of the budget
+    engine_ = BudgetedEngine(source, budget=budget, strategy=strategy, fixed_costs={"tokenizer_and_manifest": metadata},
+                             threads=threads, context_length=context_length, activations=activations)
+    return source, engine_
 
 
 class Model:

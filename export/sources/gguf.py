@@ -185,9 +185,15 @@ def load_gguf(path: str | Path) -> ModelSource:
     except ValueError as e:
         raise UnsupportedModelError(f"{where}: {e}") from None
     gguf_file.drop_large_metadata()  # the vocabulary now lives in the tokenizer
-    tensors = {name: family.fix_gguf_tensor(gguf_file.tensor(name), spec, arch) for name in gguf_file.tensors}
+    tensors, rewritten = {}, []
+    for name in gguf_file.tensors:
+        raw = gguf_file.tensor(name)
+        tensors[name] = family.fix_gguf_tensor(raw, spec, arch)
+        if tensors[name] is not raw:
+            rewritten.append(name)  # its bytes in memory differ from the file's
     source = ModelSource(path=gguf_file.path, kind="gguf", spec=spec, tokenizer=tokenizer, tensors=tensors,
                          info={"name": gguf_file.metadata.get("general.name") or gguf_file.path.stem,
-                               "file_bytes": gguf_file.file_size, "gguf": gguf_file})
+                               "file_bytes": gguf_file.file_size, "gguf": gguf_file,
+                               "rewritten_tensors": rewritten})
     source.require(expected_tensor_names(spec))
     return source

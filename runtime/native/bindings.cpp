@@ -5,13 +5,16 @@
 
 #include <nanobind/ndarray.h>
 #include <nanobind/stl/string.h>
+#include <nanobind/stl/pair.h>
 #include <nanobind/stl/vector.h>
 
+#include <chrono>
 #include <map>
 #include <memory>
 #include <string>
 
 #include "engine.h"
+#include "streaming.h"
 
 namespace nb = nanobind;
 
@@ -109,16 +112,31 @@ class PyEngine {
     engine_->set_output_norm(typed<float>(w, engine_->shape().d_model, "output_norm"));
   }
 
-  void set_matrix(int64_t layer, const std::string& name, const In& raw, const std::string& fmt, int64_t rows,
-                  int64_t cols) {
+  // Rows and columns a layer tensor must have ({length, 1} for vectors), and its streaming target.
+  std::pair<std::pair<int64_t, int64_t>, int> layer_tensor(const std::string& name) const {
     const ModelShape& s = engine_->shape();
     const int64_t qd = s.n_heads * s.head_dim, kd = s.n_kv_heads * s.head_dim;
-    const std::map<std::string, std::pair<int64_t, int64_t>> dims = {
-        {"q", {qd, s.d_model}}, {"k", {kd, s.d_model}}, {"v", {kd, s.d_model}}, {"o", {s.d_model, qd}},
-        {"gate", {s.d_ff, s.d_model}}, {"up", {s.d_ff, s.d_model}}, {"down", {s.d_model, s.d_ff}}};
-    const auto it = dims.find(name);
-    if (it == dims.end()) throw KernelError("unknown layer matrix '" + name + "'");
-    check_dims(rows, it->second.first, cols, it->second.second, name.c_str());
+    const std::map<std::string, std::pair<std::pair<int64_t, int64_t>, int>> table = {
+        {"q", {{qd, s.d_model}, memory::kQ}}, {"k", {{kd, s.d_model}, memory::kK}},
+        {"v", {{kd, s.d_model}, memory::kV}}, {"o", {{s.d_model, qd}, memory::kO}},
+        {"gate", {{s.d_ff, s.d_model}, memory::kGate}}, {"up", {{s.d_ff, s.d_model}, memory::kUp}},
+        {"down", {{s.d_model, s.d_ff}, memory::kDown}},
+        {"attn_norm", {{s.d_model, 1}, memory::kAttnNorm}}, {"ffn_norm", {{s.d_model, 1}, memory::kFfnNorm}},
+        {"post_attn_norm", {{s.d_model, 1}, memory::kPostAttnNorm}},
+        {"post_ffn_norm", {{s.d_model, 1}, memory::kPostFfnNorm}},
+        {"q_norm", {{s.head_dim, 1}, memory::kQNorm}}, {"k_norm", {{s.head_dim, 1}, memory::kKNorm}},
+        {"q_bias", {{qd, 1}, memory::kQBias}}, {"k_bias", {{kd, 1}, memory::kKBias}},
+        {"v_bias", {{kd, 1}, memory::kVBias}}};
+    const auto it = table.find(name);
+    if (it == table.end()) throw KernelError("unknown layer tensor '" + name + "'");
+    return it->second;
+  }
+
+  void set_matrix(int64_t layer, const std::string& name, const In& raw, const std::string& fmt, int64_t rows,
+                  int64_t cols) {
+    const auto [dims, target] = layer_tensor(name);
+    if (target > memory::kDown) throw KernelError("'" + name + "' is a vector, not a matrix");
+    check_dims(rows, dims.first, cols, dims.second, name.c_str());
     LayerWeights& w = layer_at(layer);
     WeightMatrix m = matrix(raw, fmt, rows, cols);
     WeightMatrix* slot[] = {&w.q, &w.k, &w.v, &w.o, &w.gate, &w.up, &w.down};
@@ -166,6 +184,81 @@ class PyEngine {
     engine_->commit(typed<int32_t>(nodes, n, "nodes"), n);
   }
 
+  // Stream the listed units from `path` (layers not listed stay resident, as set_matrix/set_vector
+  // gave them). A unit: {"layer": i | "head_chunk": c, "row0": r, "ranges": [(offset, bytes)],
+  // "tensors": [{"target", "offset", "fmt", "rows", "cols"}]}. `embedding`: {"offset", "fmt",
+  // "rows", "cols"} to read embedding rows on demand, or None for the resident table.
+  void set_streaming(const std::string& path, bool direct, int io_threads, int64_t chunk_bytes,
+                     const std::vector<nb::dict>& units, int slots, bool prefetch, nb::object embedding) {
+    const ModelShape& s = engine_->shape();
+    std::vector<memory::StreamUnit> plan;
+    for (const nb::dict& d : units) {
+      memory::StreamUnit u;
+      if (d.contains("layer")) {
+        u.layer = nb::cast<int64_t>(d["layer"]);
+      } else {
+        u.head_chunk = nb::cast<int64_t>(d["head_chunk"]);
+        u.head_row0 = nb::cast<int64_t>(d["row0"]);
+      }
+      for (const auto& r : nb::cast<std::vector<std::pair<int64_t, int64_t>>>(d["ranges"]))
+        u.ranges.emplace_back(r.first, static_cast<size_t>(r.second));
+      size_t unit_bytes = u.bytes();
+      for (const nb::handle h : nb::cast<nb::list>(d["tensors"])) {
+        const nb::dict t = nb::cast<nb::dict>(h);
+        memory::StreamedTensor st;
+        const std::string target = nb::cast<std::string>(t["target"]);
+        st.offset = nb::cast<size_t>(t["offset"]);
+        st.fmt = format_named(nb::cast<std::string>(t["fmt"]));
+        st.rows = nb::cast<int64_t>(t["rows"]);
+        st.cols = nb::cast<int64_t>(t["cols"]);
+        if (u.layer >= 0) {
+          const auto [dims, tgt] = layer_tensor(target);
+          check_dims(st.rows, dims.first, st.cols, dims.second, target.c_str());
+          st.target = tgt;
+        } else {
+          if (target != "head") throw KernelError("a head chunk streams the target 'head'");
+          if (st.cols != s.d_model || st.rows < 1 || u.head_row0 < 0 || u.head_row0 + st.rows > s.vocab)
+            throw KernelError("head chunk rows or columns do not fit the model");
+        }
+        const size_t need = static_cast<size_t>(st.rows) * row_bytes(st.fmt, st.cols);
+        if (st.target > memory::kDown && st.fmt != Format::f32) throw KernelError("streamed vectors must be f32");
+        if (st.offset % 4 || st.offset + need > unit_bytes)
+          throw KernelError("streamed tensor '" + target + "' lies outside its unit's bytes");
+        u.tensors.push_back(st);
+      }
+      plan.push_back(std::move(u));
+    }
+    reader_ = std::make_shared<memory::DirectReader>(path, direct, io_threads, static_cast<size_t>(chunk_bytes));
+    streaming_ = std::make_unique<memory::StreamingWeights>(reader_, &layers_, s.n_layers, std::move(plan), slots,
+                                                            prefetch);
+    engine_->set_layer_source(streaming_.get());
+    engine_->set_head_source(streaming_->streams_head() ? streaming_.get() : nullptr);
+    if (!embedding.is_none()) {
+      const nb::dict e = nb::cast<nb::dict>(embedding);
+      const int64_t rows = nb::cast<int64_t>(e["rows"]), cols = nb::cast<int64_t>(e["cols"]);
+      check_dims(rows, s.vocab, cols, s.d_model, "embedding");
+      embedding_ = std::make_unique<memory::StreamedEmbedding>(reader_, nb::cast<int64_t>(e["offset"]),
+                                                               format_named(nb::cast<std::string>(e["fmt"])), rows, cols);
+      engine_->set_embedding_source(embedding_.get());
+    }
+  }
+
+  nb::dict io_stats() const {
+    nb::dict d;
+    if (!reader_) return d;
+    const memory::ReaderStats r = reader_->stats();
+    const memory::StreamStats st = streaming_->stats();
+    d["bytes_read"] = r.bytes_read;
+    d["read_requests"] = r.requests;
+    d["io_wait_s"] = static_cast<double>(r.wait_ns) * 1e-9;
+    d["passes"] = st.passes;
+    d["units_read"] = st.units_read;
+    d["prefetched_units"] = st.prefetched_hits;
+    d["staging_bytes"] = streaming_->staging_bytes();
+    d["direct_io"] = reader_->direct();
+    return d;
+  }
+
   int64_t truncate(int64_t n) { return engine_->truncate(n); }
   int64_t committed() const { return engine_->committed(); }
 
@@ -190,13 +283,34 @@ class PyEngine {
   }
 
   ResidentLayers layers_;
-  std::unique_ptr<Engine> engine_;
+  std::shared_ptr<memory::DirectReader> reader_;
+  std::unique_ptr<memory::StreamingWeights> streaming_;
+  std::unique_ptr<memory::StreamedEmbedding> embedding_;
+  std::unique_ptr<Engine> engine_;  // declared last: destroyed first, before what it reads
   std::vector<In> keep_;  // every array the engine reads stays alive with it
 };
 
 }  // namespace
 
+// Reads `total` bytes of `path` from `offset` in `chunk` pieces on `threads` I/O threads (one
+// request per chunk, all in flight) and returns the seconds taken: the probe behind
+// `edgeflash probe-io`.
+double probe_read(const std::string& path, bool direct, int threads, int64_t chunk, int64_t offset, int64_t total) {
+  memory::DirectReader reader(path, direct, threads, static_cast<size_t>(chunk));
+  memory::AlignedBuffer buf(static_cast<size_t>(std::min<int64_t>(total, 64 << 20)));
+  nb::gil_scoped_release release;
+  const auto t0 = std::chrono::steady_clock::now();
+  for (int64_t done = 0; done < total;) {
+    const int64_t n = std::min<int64_t>(static_cast<int64_t>(buf.size()), total - done);
+    reader.wait(reader.submit(offset + done, static_cast<size_t>(n), buf.data()));
+    done += n;
+  }
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
 void register_engine(nb::module_& m) {
+  m.def("probe_read", &probe_read, nb::arg("path"), nb::arg("direct"), nb::arg("threads"), nb::arg("chunk"),
+        nb::arg("offset"), nb::arg("total"));
   nb::class_<PyEngine>(m, "Engine")
       .def(nb::init<const nb::dict&, const std::vector<nb::dict>&, int64_t, int64_t, const std::string&,
                     const std::string&>(),
@@ -209,6 +323,10 @@ void register_engine(nb::module_& m) {
       .def("set_vector", &PyEngine::set_vector)
       .def("forward", &PyEngine::forward, nb::arg("tokens"), nb::arg("positions"), nb::arg("tree_mask").none(),
            nb::arg("logit_rows"), nb::arg("logits"))
+      .def("set_streaming", &PyEngine::set_streaming, nb::arg("path"), nb::arg("direct"), nb::arg("io_threads"),
+           nb::arg("chunk_bytes"), nb::arg("units"), nb::arg("slots"), nb::arg("prefetch"),
+           nb::arg("embedding").none())
+      .def("io_stats", &PyEngine::io_stats)
       .def("commit", &PyEngine::commit)
       .def("truncate", &PyEngine::truncate)
       .def_prop_ro("committed", &PyEngine::committed)

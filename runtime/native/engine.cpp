@@ -110,9 +110,21 @@ void Engine::build_attention_mask(int64_t layer, int64_t n, const uint8_t* tree_
     for (int64_t j = 0; j < n; ++j) mask_[i * c.capacity + slots_[j]] = tree_mask[i * n + j] ? 1 : 0;
 }
 
+void Engine::check_layer(int64_t layer, const LayerWeights& w) const {
+  const ModelShape& s = shape_;
+  const std::pair<const WeightMatrix*, const char*> matrices[] = {
+      {&w.q, "q"}, {&w.k, "k"}, {&w.v, "v"}, {&w.o, "o"}, {&w.gate, "gate"}, {&w.up, "up"}, {&w.down, "down"}};
+  for (const auto& [m, name] : matrices)
+    if (!m->data) throw engine_error("layer " + std::to_string(layer) + " has no " + name + " weights");
+  const bool missing_norm = !w.attn_norm || !w.ffn_norm || (s.qk_norm && (!w.q_norm || !w.k_norm)) ||
+                            (s.sandwich_norm && (!w.post_attn_norm || !w.post_ffn_norm));
+  if (missing_norm) throw engine_error("layer " + std::to_string(layer) + " is missing a norm weight");
+}
+
 void Engine::run_block(int64_t layer, const LayerWeights& w, int64_t n, const int32_t* positions,
                        const int32_t* slots, const uint8_t* attn_mask) {
   const ModelShape& s = shape_;
+  check_layer(layer, w);
   const LayerShape& ls = layer_shapes_[layer];
   const int64_t d = s.d_model, qd = s.n_heads * s.head_dim, kd = s.n_kv_heads * s.head_dim;
   float* x = x_.data();
@@ -172,7 +184,8 @@ void Engine::forward(const int32_t* tokens, const int32_t* positions, int64_t n,
   if (n < 1 || n > options_.max_batch)
     throw engine_error("a forward call takes 1.." + std::to_string(options_.max_batch) + " tokens, got " +
                        std::to_string(n));
-  if (!source_ || !embed_.data || !head_.data || !out_norm_) throw engine_error("weights are not set");
+  if (!source_ || (!embed_.data && !embed_source_) || (!head_.data && !head_source_) || !out_norm_)
+    throw engine_error("weights are not set");
   for (int64_t j = 0; j < n; ++j) {
     if (tokens[j] < 0 || tokens[j] >= s.vocab)
       throw engine_error("token id " + std::to_string(tokens[j]) + " is outside 0.." + std::to_string(s.vocab - 1));
@@ -190,11 +203,14 @@ void Engine::forward(const int32_t* tokens, const int32_t* positions, int64_t n,
   commit(nullptr, 0);  // drop an uncommitted tree from an earlier call
 
   // Embedding rows, scaled.
-  dequantize_rows(embed_, tokens, n, x_.data());
+  if (embed_source_)
+    embed_source_->rows(tokens, n, x_.data());
+  else
+    dequantize_rows(embed_, tokens, n, x_.data());
   if (s.embedding_scale != 1.0f)
     for (int64_t i = 0; i < n * s.d_model; ++i) x_[i] *= s.embedding_scale;
 
-  source_->begin_pass();
+  source_->begin_pass(n_logit_rows > 0);
   for (int64_t layer = 0; layer < s.n_layers; ++layer) {
     const LayerCache& c = caches_[layer];
     for (int64_t j = 0; j < n; ++j) slots_[j] = static_cast<int32_t>((committed_ + j) % c.capacity);
@@ -216,10 +232,34 @@ void Engine::forward(const int32_t* tokens, const int32_t* positions, int64_t n,
     std::memcpy(sel_.data() + r * s.d_model, x_.data() + static_cast<int64_t>(logit_rows[r]) * s.d_model,
                 s.d_model * sizeof(float));
   rms_norm(sel_.data(), out_norm_, sel_.data(), n_logit_rows, s.d_model, s.norm_eps);
-  linear(head_, sel_.data(), xq_, false, n_logit_rows, logits);
+  compute_logits(n_logit_rows, logits);
   if (s.final_softcap > 0.0f) {
     const float cap = s.final_softcap;
     for (int64_t i = 0; i < n_logit_rows * s.vocab; ++i) logits[i] = cap * std::tanh(logits[i] / cap);
+  }
+}
+
+void Engine::compute_logits(int64_t m, float* logits) {
+  if (!head_source_) {
+    linear(head_, sel_.data(), xq_, false, m, logits);
+    return;
+  }
+  // Chunk by chunk; the activations are quantized once for every chunk.
+  bool ready = false;
+  for (int64_t c = 0; c < head_source_->n_chunks(); ++c) {
+    int64_t row0 = 0;
+    const WeightMatrix& w = head_source_->acquire_chunk(c, &row0);
+    if (row0 < 0 || row0 + w.rows > shape_.vocab) throw engine_error("head chunk rows outside the vocabulary");
+    if (m == 1) {
+      linear(w, sel_.data(), xq_, ready, 1, logits + row0);
+    } else {
+      head_part_.resize(static_cast<size_t>(m * w.rows));
+      linear(w, sel_.data(), xq_, ready, m, head_part_.data());
+      for (int64_t t = 0; t < m; ++t)
+        std::memcpy(logits + t * shape_.vocab + row0, head_part_.data() + t * w.rows, w.rows * sizeof(float));
+    }
+    ready = true;
+    head_source_->release_chunk(c);
   }
 }
 

@@ -54,7 +54,9 @@ class LayerSource {
   virtual ~LayerSource() = default;
   virtual const LayerWeights& acquire(int64_t layer) = 0;
   virtual void release(int64_t layer) {}
-  virtual void begin_pass() {}  // a forward pass starts (a streaming source starts prefetching)
+  // A forward pass starts; `needs_head` says whether it will compute logits (a streaming source
+  // uses it to plan what to read next).
+  virtual void begin_pass(bool needs_head) {}
 };
 
 // All layers resident: acquire is a lookup.
@@ -75,6 +77,24 @@ class ResidentLayers : public LayerSource {
 //         of the same small GEMM, so each weight byte is still read once; about 16-bit accuracy.
 //   f32:  weights dequantized to f32 (exact, slowest).
 enum class ActMode { q8, q8x2, f32 };
+
+// Where the output head's rows come from when it is not one resident matrix: chunks of rows
+// (for example streamed from flash, the next chunk loading while this one computes).
+class HeadSource {
+ public:
+  virtual ~HeadSource() = default;
+  virtual int64_t n_chunks() = 0;
+  // Rows [first_row, first_row + chunk.rows) of the head.
+  virtual const WeightMatrix& acquire_chunk(int64_t chunk, int64_t* first_row) = 0;
+  virtual void release_chunk(int64_t chunk) {}
+};
+
+// Where embedding rows come from when the table is not resident (read on demand).
+class EmbeddingSource {
+ public:
+  virtual ~EmbeddingSource() = default;
+  virtual void rows(const int32_t* tokens, int64_t n, float* out) = 0;  // out: [n, d_model] f32
+};
 
 struct EngineOptions {
   int64_t context = 4096;     // positions the cache can hold (global layers)
@@ -97,6 +117,8 @@ class Engine {
   void set_head(const WeightMatrix& head) { head_ = head; }
   void set_output_norm(const float* w) { out_norm_ = w; }
   void set_layer_source(LayerSource* source) { source_ = source; }
+  void set_head_source(HeadSource* source) { head_source_ = source; }        // null = the resident head
+  void set_embedding_source(EmbeddingSource* source) { embed_source_ = source; }  // null = resident table
 
   // Run `n` new tokens (n <= max_batch). positions[j] is token j's position; tree_mask (n x n,
   // nonzero = token i may attend to new token j) is null for a plain sequence. New keys/values
@@ -130,8 +152,10 @@ class Engine {
 
   void run_block(int64_t layer, const LayerWeights& w, int64_t n, const int32_t* positions,
                  const int32_t* slots_of_layer, const uint8_t* attn_mask);
+  void check_layer(int64_t layer, const LayerWeights& w) const;
   void linear(const WeightMatrix& w, const float* x, QuantizedActs& xq, bool xq_ready, int64_t n, float* y);
   void build_attention_mask(int64_t layer, int64_t n, const uint8_t* tree_mask);
+  void compute_logits(int64_t m, float* logits);
 
   ModelShape shape_;
   std::vector<LayerShape> layer_shapes_;
@@ -139,6 +163,8 @@ class Engine {
   WeightMatrix embed_{}, head_{};
   const float* out_norm_ = nullptr;
   LayerSource* source_ = nullptr;
+  HeadSource* head_source_ = nullptr;
+  EmbeddingSource* embed_source_ = nullptr;
 
   std::vector<LayerCache> caches_;
   int64_t committed_ = 0;       // positions 0..committed_-1 are in the cache
@@ -149,6 +175,7 @@ class Engine {
   // Work buffers sized for max_batch tokens.
   std::vector<float> x_, h_, q_, k_, v_, attn_, gate_, up_, sel_;
   std::vector<float> act2_, out2_;  // q8x2: [activations; residuals] and the doubled GEMM output
+  std::vector<float> head_part_;    // logits of one head chunk for several rows
   std::vector<int32_t> slots_;
   std::vector<uint8_t> mask_;
   QuantizedActs xq_;

@@ -1,0 +1,209 @@
+#include "streaming.h"
+
+#include <stdexcept>
+#include <string>
+
+namespace ef::memory {
+
+size_t StreamUnit::bytes() const {
+  size_t n = 0;
+  for (const auto& r : ranges) n += r.second;
+  return n;
+}
+
+StreamingWeights::StreamingWeights(std::shared_ptr<DirectReader> reader, engine::ResidentLayers* resident,
+                                   int64_t n_layers, std::vector<StreamUnit> units, int slots, bool prefetch)
+    : reader_(std::move(reader)), resident_(resident), units_(std::move(units)), layer_unit_(n_layers, -1),
+      prefetch_(prefetch) {
+  if (slots < 1) throw std::invalid_argument("streaming: at least one staging slot is needed");
+  size_t largest = 0;
+  int64_t last_layer = -1;
+  bool seen_head = false;
+  for (int64_t u = 0; u < static_cast<int64_t>(units_.size()); ++u) {
+    const StreamUnit& unit = units_[u];
+    largest = std::max(largest, unit.bytes());
+    for (const auto& r : unit.ranges)
+      if (r.first % kIoAlignment || r.second % kIoAlignment)
+        throw std::invalid_argument("streaming: unit ranges must be 4096-aligned");
+    if (unit.layer >= 0) {
+      if (seen_head || unit.layer <= last_layer || unit.layer >= n_layers)
+        throw std::invalid_argument("streaming: layer units must come first, in increasing layer order");
+      layer_unit_[unit.layer] = u;
+      last_layer = unit.layer;
+    } else {
+      if (unit.head_chunk != static_cast<int64_t>(head_units_.size()) || unit.tensors.size() != 1)
+        throw std::invalid_argument("streaming: head chunks must come last, in order, one matrix each");
+      head_units_.push_back(u);
+      seen_head = true;
+    }
+  }
+  for (int i = 0; i < slots; ++i) slots_.emplace_back(largest);
+  slot_busy_.assign(slots_.size(), false);
+}
+
+size_t StreamingWeights::staging_bytes() const {
+  size_t n = 0;
+  for (const AlignedBuffer& b : slots_) n += b.size();
+  return n;
+}
+
+int64_t StreamingWeights::first_layer_unit() const {
+  return units_.size() > head_units_.size() ? 0 : -1;
+}
+
+int64_t StreamingWeights::next_unit(int64_t unit) const {
+  const int64_t n = static_cast<int64_t>(units_.size());
+  const int64_t n_layer_units = n - static_cast<int64_t>(head_units_.size());
+  const int64_t first = n_layer_units ? 0 : n_layer_units;  // the first unit of a pass: layer 0 or head 0
+  if (unit + 1 == n_layer_units && units_[unit].layer >= 0)
+    return needs_head_ && !head_units_.empty() ? unit + 1 : first;  // after the last layer
+  return unit + 1 >= n ? first : unit + 1;
+}
+
+void StreamingWeights::issue_one() {
+  int slot = -1;
+  for (int i = 0; i < static_cast<int>(slots_.size()); ++i)
+    if (!slot_busy_[i]) {
+      slot = i;
+      break;
+    }
+  if (slot < 0) throw std::logic_error("streaming: no free staging slot");
+  const int64_t u = pending_next_;
+  uint8_t* dst = slots_[slot].data();
+  uint64_t ticket = 0;
+  for (const auto& [offset, bytes] : units_[u].ranges) {  // ranges land back to back in the slot
+    if (ticket) reader_->wait(ticket);  // more than one range is rare; keep one ticket per unit
+    ticket = reader_->submit(offset, bytes, dst);
+    dst += bytes;
+  }
+  slot_busy_[slot] = true;
+  in_flight_.push_back(InFlight{u, slot, ticket});
+  ++stats_.units_read;
+  if (ahead_) ++issued_ahead_;  // this unit belongs to the next pass
+  const int64_t next = next_unit(u);
+  if (next <= u) ahead_ = true;  // the following unit wraps into the next pass
+  pending_next_ = next;
+}
+
+void StreamingWeights::fill() {
+  const size_t limit = prefetch_ ? slots_.size() : 1;
+  while (!units_.empty() && in_flight_.size() < limit) {
+    if (ahead_) {
+      // Run ahead only through the next pass's layers: whether it needs the head is known at its
+      // begin_pass, and wrapping a second time would be two passes ahead.
+      if (units_[pending_next_].layer < 0) return;
+      if (issued_ahead_ > 0 && pending_next_ == first_layer_unit()) return;
+    }
+    issue_one();
+  }
+}
+
+void StreamingWeights::drain() {
+  for (const InFlight& f : in_flight_) {
+    try {
+      reader_->wait(f.ticket);
+    } catch (const std::exception&) {
+      // a failed read of a unit nobody will use: the next read of it reports the error
+    }
+    slot_busy_[f.slot] = false;
+  }
+  in_flight_.clear();
+}
+
+void StreamingWeights::begin_pass(bool needs_head) {
+  reader_->check_unchanged();
+  ++stats_.passes;
+  needs_head_ = needs_head;
+  if (units_.empty()) return;
+  const int64_t first = first_layer_unit() >= 0 ? 0 : (needs_head ? 0 : -1);
+  if (first < 0) {  // only the head is streamed and this pass does not need it
+    drain();
+    return;
+  }
+  // Units read ahead for this pass must start at its first unit; anything else is left over
+  // from a pass that stopped early.
+  if (!in_flight_.empty() && (!ahead_ || in_flight_.front().unit != first)) drain();
+  if (in_flight_.empty()) pending_next_ = first;
+  ahead_ = false;
+  issued_ahead_ = 0;
+  if (prefetch_) fill();
+}
+
+const StreamingWeights::InFlight& StreamingWeights::wait_front(int64_t unit) {
+  if (in_flight_.empty()) {
+    pending_next_ = unit;
+    issue_one();
+  } else {
+    ++stats_.prefetched_hits;
+  }
+  const InFlight& f = in_flight_.front();
+  if (f.unit != unit)
+    throw std::logic_error("streaming: the engine asked for unit " + std::to_string(unit) + " but " +
+                           std::to_string(f.unit) + " is next in the read order");
+  reader_->wait(f.ticket);
+  return f;
+}
+
+void StreamingWeights::pop_front() {
+  slot_busy_[in_flight_.front().slot] = false;
+  in_flight_.pop_front();
+  if (prefetch_) fill();
+}
+
+const engine::LayerWeights& StreamingWeights::acquire(int64_t layer) {
+  const int64_t u = layer_unit_.at(layer);
+  if (u < 0) return resident_->acquire(layer);
+  const InFlight& f = wait_front(u);
+  current_ = resident_->at(layer);
+  const uint8_t* base = slots_[f.slot].data();
+  WeightMatrix* matrices[] = {&current_.q, &current_.k, &current_.v, &current_.o,
+                              &current_.gate, &current_.up, &current_.down};
+  const float** vectors[] = {&current_.attn_norm, &current_.ffn_norm, &current_.post_attn_norm,
+                             &current_.post_ffn_norm, &current_.q_norm, &current_.k_norm,
+                             &current_.q_bias, &current_.k_bias, &current_.v_bias};
+  for (const StreamedTensor& t : units_[u].tensors) {
+    const uint8_t* p = base + t.offset;
+    if (t.target <= kDown) {
+      *matrices[t.target] = WeightMatrix{p, static_cast<size_t>(t.rows) * row_bytes(t.fmt, t.cols), t.fmt, t.rows,
+                                         t.cols, 0};
+    } else if (t.target < kTargetCount) {
+      *vectors[t.target - kAttnNorm] = reinterpret_cast<const float*>(p);
+    }
+  }
+  return current_;
+}
+
+void StreamingWeights::release(int64_t layer) {
+  if (layer_unit_.at(layer) >= 0) pop_front();
+}
+
+const WeightMatrix& StreamingWeights::acquire_chunk(int64_t chunk, int64_t* first_row) {
+  const int64_t u = head_units_.at(chunk);
+  const InFlight& f = wait_front(u);
+  const StreamedTensor& t = units_[u].tensors[0];
+  head_chunk_ = WeightMatrix{slots_[f.slot].data() + t.offset, static_cast<size_t>(t.rows) * row_bytes(t.fmt, t.cols),
+                             t.fmt, t.rows, t.cols, 0};
+  *first_row = units_[u].head_row0;
+  return head_chunk_;
+}
+
+void StreamingWeights::release_chunk(int64_t chunk) { pop_front(); }
+
+StreamedEmbedding::StreamedEmbedding(std::shared_ptr<DirectReader> reader, int64_t table_offset, Format fmt,
+                                     int64_t rows, int64_t cols)
+    : reader_(std::move(reader)), table_offset_(table_offset), fmt_(fmt), rows_(rows), cols_(cols),
+      row_bytes_(row_bytes(fmt, cols)), page_(align_up(row_bytes(fmt, cols)) + kIoAlignment) {}
+
+void StreamedEmbedding::rows(const int32_t* tokens, int64_t n, float* out) {
+  for (int64_t t = 0; t < n; ++t) {
+    if (tokens[t] < 0 || tokens[t] >= rows_) throw KernelError("embedding: token id out of range");
+    const int64_t at = table_offset_ + static_cast<int64_t>(tokens[t]) * static_cast<int64_t>(row_bytes_);
+    const int64_t start = align_down(at);
+    const size_t span = align_up(static_cast<size_t>(at - start) + row_bytes_);
+    reader_->read_now(start, span, page_.data());
+    const WeightMatrix row{page_.data() + (at - start), row_bytes_, fmt_, 1, cols_, 0};
+    dequantize_rows(row, nullptr, 1, out + t * cols_);
+  }
+}
+
+}  // namespace ef::memory

@@ -1,0 +1,115 @@
+// Weights that live in flash and are read for every forward pass: the layers (and the output
+// head, in row chunks) the memory plan did not keep resident. Reads go through DirectReader into
+// a ring of staging slots; with prefetch on, the next units load while the current one computes
+// (across the pass boundary too: the next token's first layers load while the head runs).
+#pragma once
+
+#include <cstdint>
+#include <deque>
+#include <memory>
+#include <vector>
+
+#include "direct_reader.h"
+#include "engine.h"
+
+namespace ef::memory {
+
+// Where a streamed tensor lands inside its unit's staging slot, and what it is.
+struct StreamedTensor {
+  int target = 0;  // a LayerTarget, or 0 for a head chunk's matrix
+  size_t offset = 0;
+  Format fmt = Format::f32;
+  int64_t rows = 0, cols = 0;
+};
+
+enum LayerTarget : int {
+  kQ = 0, kK, kV, kO, kGate, kUp, kDown,
+  kAttnNorm, kFfnNorm, kPostAttnNorm, kPostFfnNorm, kQNorm, kKNorm, kQBias, kKBias, kVBias, kTargetCount
+};
+
+// One read unit: a layer's streamed blocks, or one chunk of head rows.
+struct StreamUnit {
+  int64_t layer = -1;       // >= 0: a layer unit
+  int64_t head_chunk = -1;  // >= 0: a head chunk
+  int64_t head_row0 = 0;
+  std::vector<std::pair<int64_t, size_t>> ranges;  // (file offset, bytes), 4 KiB aligned, read back to back
+  std::vector<StreamedTensor> tensors;
+  size_t bytes() const;
+};
+
+struct StreamStats {
+  uint64_t passes = 0;
+  uint64_t units_read = 0;
+  uint64_t prefetched_hits = 0;  // units already complete or in flight when the engine asked
+};
+
+class StreamingWeights : public engine::LayerSource, public engine::HeadSource {
+ public:
+  // `resident` has every resident tensor of every layer set; streamed ones are filled per pass.
+  // `slots` staging buffers of the largest unit; prefetch keeps up to `slots` units in flight.
+  StreamingWeights(std::shared_ptr<DirectReader> reader, engine::ResidentLayers* resident, int64_t n_layers,
+                   std::vector<StreamUnit> units, int slots, bool prefetch);
+
+  // LayerSource
+  void begin_pass(bool needs_head) override;
+  const engine::LayerWeights& acquire(int64_t layer) override;
+  void release(int64_t layer) override;
+  // HeadSource (only used when the head is streamed)
+  int64_t n_chunks() override { return static_cast<int64_t>(head_units_.size()); }
+  const WeightMatrix& acquire_chunk(int64_t chunk, int64_t* first_row) override;
+  void release_chunk(int64_t chunk) override;
+
+  bool streams_head() const { return !head_units_.empty(); }
+  size_t staging_bytes() const;
+  StreamStats stats() const { return stats_; }
+
+ private:
+  struct InFlight {
+    int64_t unit;
+    int slot;
+    uint64_t ticket;
+  };
+
+  int64_t next_unit(int64_t unit) const;  // execution order, across the pass boundary
+  int64_t first_layer_unit() const;
+  void issue_one();
+  void fill();
+  const InFlight& wait_front(int64_t unit);
+  void pop_front();
+  void drain();
+
+  std::shared_ptr<DirectReader> reader_;
+  engine::ResidentLayers* resident_;
+  std::vector<StreamUnit> units_;
+  std::vector<int64_t> layer_unit_;  // layer -> unit index or -1 (fully resident)
+  std::vector<int64_t> head_units_;  // head chunk -> unit index
+  std::vector<AlignedBuffer> slots_;
+  std::vector<bool> slot_busy_;
+  bool prefetch_;
+  bool needs_head_ = true;
+  int64_t pending_next_ = 0;  // the next unit to issue
+  bool ahead_ = false;        // the issue cursor has wrapped into the next pass
+  int64_t issued_ahead_ = 0;  // units issued for the next pass
+  std::deque<InFlight> in_flight_;
+  engine::LayerWeights current_;
+  WeightMatrix head_chunk_{};
+  StreamStats stats_;
+};
+
+// Embedding rows read on demand: each token's row comes from the 4 KiB pages holding it.
+class StreamedEmbedding : public engine::EmbeddingSource {
+ public:
+  StreamedEmbedding(std::shared_ptr<DirectReader> reader, int64_t table_offset, Format fmt, int64_t rows,
+                    int64_t cols);
+  void rows(const int32_t* tokens, int64_t n, float* out) override;
+
+ private:
+  std::shared_ptr<DirectReader> reader_;
+  int64_t table_offset_;
+  Format fmt_;
+  int64_t rows_, cols_;
+  size_t row_bytes_;
+  AlignedBuffer page_;
+};
+
+}  // namespace ef::memory

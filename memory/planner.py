@@ -1,0 +1,160 @@
+"""The memory planner: one byte budget split between fixed costs, resident weights and the
+staging buffers that streamed weights pass through.
+
+Fixed costs are what the run needs whatever the weights do: KV cache, activations, logits, the
+tokenizer, and a stated reserve for the interpreter's own allocations during a run. The rest of
+the budget holds weights; what does not fit is read from flash for every forward pass.
+
+Strategies (for comparison, `--strategy`):
+  naive   nothing resident that need not be; every streamed unit read whole, synchronously.
+  hybrid  resident weights in execution order until the budget is full, the rest read whole and
+          synchronously each token (the baseline of "LLM in a flash").
+  flash   residency by cost per byte (small groups first: they stream worst), chunked reads on
+          several I/O threads, and prefetch so reading overlaps compute.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+
+from edgeflash.errors import UserError
+from edgeflash.memory.layout import WeightGroup, WeightLayout, align_up
+from edgeflash.memory.sizes import format_size
+from edgeflash.runtime.spec import ModelSpec
+
+STRATEGIES = ("naive", "hybrid", "flash")
+
+# Allocations a run makes besides the ones the plan lists: kernel scratch and quantized
+# activations, thread stacks touched by the pools, Python objects created per call, the
+# embedding-row page buffer. Measured at 3-6 MiB on both real models; 8 MiB is the allowance.
+RUNTIME_RESERVE = 8 * 2**20
+MIN_HEAD_CHUNK = 1 * 2**20
+
+
+class BudgetError(UserError):
+    """The budget cannot hold even the minimum a run needs."""
+
+
+@dataclass
+class IoSettings:
+    threads: int
+    chunk_bytes: int
+    slots: int
+    prefetch: bool
+
+
+@dataclass
+class MemoryPlan:
+    budget: int
+    strategy: str
+    fixed: dict[str, int]
+    resident: list[str]
+    streamed: list[str]
+    resident_bytes: int
+    staging_bytes: int
+    head_chunk_rows: int  # rows per streamed head chunk (0 = head resident)
+    io: IoSettings
+    stream_bytes_per_pass: int  # flash bytes a forward pass reads (layers, plus the head when it needs logits)
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def fixed_bytes(self) -> int:
+        return sum(self.fixed.values())
+
+    @property
+    def total(self) -> int:
+        return self.fixed_bytes + self.resident_bytes + self.staging_bytes
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        d["total"] = self.total
+        return d
+
+    def describe(self) -> str:
+        lines = [f"memory plan ({self.strategy}): budget {format_size(self.budget)}, planned {format_size(self.total)}"]
+        for name, n in self.fixed.items():
+            lines.append(f"  {name:<18} {format_size(n):>12}")
+        lines.append(f"  {'resident weights':<18} {format_size(self.resident_bytes):>12}  ({len(self.resident)} groups)")
+        lines.append(f"  {'staging buffers':<18} {format_size(self.staging_bytes):>12}  ({self.io.slots} x unit, "
+                     f"{self.io.threads} I/O threads, {format_size(self.io.chunk_bytes)} reads"
+                     f"{', prefetch' if self.io.prefetch else ''})")
+        lines.append(f"  streamed: {len(self.streamed)} groups, {format_size(self.stream_bytes_per_pass)} per token")
+        lines.extend(f"  note: {n}" for n in self.notes)
+        return "\n".join(lines)
+
+
+def make_plan(layout: WeightLayout, spec: ModelSpec, budget: int, strategy: str, fixed: dict[str, int],
+              io_threads: int = 4, chunk_bytes: int = 512 * 1024) -> MemoryPlan:
+    if strategy not in STRATEGIES:
+        raise UserError(f"strategy = {strategy!r}: expected one of {', '.join(STRATEGIES)}")
+    fixed = dict(fixed)
+    fixed["runtime_reserve"] = RUNTIME_RESERVE
+    groups = layout.groups
+    pinned = sum(layout.locations[n].nbytes for g in groups.values() for n in g.pinned)
+    globals_bytes = sum(align_up(layout.locations[n].nbytes) for n in groups["globals"].tensors) \
+        if "globals" in groups else 0
+    fixed["pinned_weights"] = pinned + globals_bytes
+    head_name = "head" if "head" in groups else "embedding"  # a tied head is the embedding table
+
+    # Candidates in execution order: every layer's groups, then the head.
+    order = [g.name for i in range(spec.n_layers) for g in layout.layer_groups(i)] + [head_name]
+    if head_name == "head" and "embedding" in groups:
+        order.insert(0, "embedding")  # an untied table only serves rows: cheap to stream, last to keep
+    flash = strategy == "flash"
+    slots = 3 if flash else 1
+    io = IoSettings(threads=io_threads if flash else 1, chunk_bytes=chunk_bytes, slots=slots, prefetch=flash)
+
+    def layer_unit(i: int, resident: set[str]) -> int:
+        return sum(g.nbytes for g in layout.layer_groups(i) if g.name not in resident)
+
+    def staging(resident: set[str]) -> tuple[int, int]:
+        unit = max([layer_unit(i, resident) for i in range(spec.n_layers)] + [0])
+        head_chunk = 0
+        if head_name not in resident:
+            head_chunk = max(unit, MIN_HEAD_CHUNK)
+            unit = max(unit, head_chunk)
+        return unit * io.slots, head_chunk
+
+    fixed_total = sum(fixed.values())
+    minimum = fixed_total + staging(set())[0]
+    if minimum > budget:
+        raise BudgetError(
+            f"memory budget {format_size(budget)} is too small for this model: at least {format_size(minimum)} "
+            f"is needed ({', '.join(f'{k} {format_size(v)}' for k, v in fixed.items())}, "
+            f"staging {format_size(staging(set())[0])}); raise --memory-budget or shorten the context")
+
+    resident: set[str] = set()
+    if strategy != "naive":
+        candidates = order if strategy == "hybrid" else sorted(order, key=lambda n: (groups[n].nbytes, order.index(n)))
+        for name in candidates:
+            trial = resident | {name}
+            cost = fixed_total + sum(groups[n].nbytes for n in trial) + staging(trial)[0]
+            if cost <= budget:
+                resident = trial
+            elif strategy == "hybrid":
+                break  # hybrid keeps a prefix of the execution order
+    staging_bytes, head_chunk_bytes = staging(resident)
+    head = groups[head_name]
+    head_rows = spec.vocab_size
+    row_bytes = layout.locations[head.tensors[0]].nbytes // head_rows
+    head_chunk_rows = 0 if head_name in resident else max(1, min(head_rows, head_chunk_bytes // row_bytes - 2))
+    streamed = [n for n in order if n not in resident]
+    per_pass = sum(groups[n].nbytes for n in streamed if n != "embedding")
+    plan = MemoryPlan(budget=budget, strategy=strategy, fixed=fixed, resident=[n for n in order if n in resident],
+                      streamed=streamed, resident_bytes=sum(groups[n].nbytes for n in resident),
+                      staging_bytes=staging_bytes, head_chunk_rows=head_chunk_rows, io=io,
+                      stream_bytes_per_pass=per_pass)
+    if "embedding" in streamed:
+        plan.notes.append("embedding rows are read on demand (one 4 KiB page per token)")
+    return plan
+
+
+def group_units(layout: WeightLayout, groups: list[WeightGroup]) -> list[tuple[int, int]]:
+    """Byte ranges of the groups, merged when adjacent (one read instead of two)."""
+    ranges: list[tuple[int, int]] = []
+    for g in sorted(groups, key=lambda g: g.start):
+        if ranges and ranges[-1][0] + ranges[-1][1] == g.start:
+            ranges[-1] = (ranges[-1][0], ranges[-1][1] + g.nbytes)
+        else:
+            ranges.append((g.start, g.nbytes))
+    return ranges
