@@ -105,14 +105,17 @@ void quantize_acts(const float* x, int64_t cols, int8_t* q, float* d, float* s16
   }
 }
 
-void axpy_rows(const float* v, int64_t d, const float* h, int64_t n_tok, float* out, int64_t ld) {
-  for (int64_t t = 0; t < n_tok; ++t) {
-    if (h[t] == 0.0f) continue;
-    float* o = out + t * ld;
-    int64_t i = 0;
-    for (; i + 4 <= d; i += 4) vst1q_f32(o + i, vfmaq_n_f32(vld1q_f32(o + i), vld1q_f32(v + i), h[t]));
-    for (; i < d; ++i) o[i] += h[t] * v[i];
-  }
+template <bool F16>
+void ffn_down_f(const uint8_t* const* rows, const float* h, int64_t cnt, int64_t n_tok, int64_t dm, float* out, float*) {
+  for (int64_t i = 0; i < cnt; ++i)
+    for (int64_t t = 0; t < n_tok; ++t) {
+      const float hv = h[t * cnt + i];
+      if (hv == 0.0f) continue;
+      float* o = out + t * dm;
+      int64_t k = 0;
+      for (; k + 4 <= dm; k += 4) vst1q_f32(o + k, vfmaq_n_f32(vld1q_f32(o + k), load_w4<F16>(rows[i], k), hv));
+      for (; k < dm; ++k) o[k] += hv * load_w1<F16>(rows[i], k);
+    }
 }
 
 }  // namespace
@@ -140,8 +143,16 @@ void install_neon(KernelTable& t) {
   t.dequant[int(Format::q4_k)].set(dequant<Q4_K>, n);
   t.dequant[int(Format::q6_k)].set(dequant<Q6_K>, n);
   t.dequant[int(Format::q4_lut)].set(dequant<Q4_LUT>, n);
+  t.ffn_down[int(Format::f32)].set(ffn_down_f<false>, n);
+  t.ffn_down[int(Format::f16)].set(ffn_down_f<true>, n);
+  t.ffn_down[int(Format::q8_0)].set(ffn_down<Q8_0>, n);
+  t.ffn_down[int(Format::q4_0)].set(ffn_down<Q4_0>, n);
+  t.ffn_down[int(Format::q4_1)].set(ffn_down<Q4_1>, n);
+  t.ffn_down[int(Format::q5_0)].set(ffn_down<Q5_0>, n);
+  t.ffn_down[int(Format::q4_k)].set(ffn_down<Q4_K>, n);
+  t.ffn_down[int(Format::q6_k)].set(ffn_down<Q6_K>, n);
+  t.ffn_down[int(Format::q4_lut)].set(ffn_down<Q4_LUT>, n);
   t.quantize_acts.set(quantize_acts, n);
-  t.axpy_rows.set(axpy_rows, n);
   void install_neon_ops(KernelTable & t);
   install_neon_ops(t);
 }

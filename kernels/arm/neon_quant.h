@@ -248,5 +248,58 @@ void dequant(const uint8_t* row, int64_t cols, float* out) {
   for_each_block<F>(row, cols, e);
 }
 
+template <class F>
+struct DownEmit {
+  float* out;
+  float* bsum;
+  const float* h;
+  int64_t cnt, n_tok, dm;
+  int64_t u = 0;
+  template <int P>
+  inline void unit(int8x16_t c0, int8x16_t c1, float alo, float ahi, float blo, float bhi) {
+    float32x4_t cf[8];
+    const int8x16_t cs[2] = {c0, c1};
+    for (int hh = 0; hh < 2; ++hh) {
+      const int16x8_t w0 = vmovl_s8(vget_low_s8(cs[hh])), w1 = vmovl_s8(vget_high_s8(cs[hh]));
+      cf[4 * hh] = vcvtq_f32_s32(vmovl_s16(vget_low_s16(w0)));
+      cf[4 * hh + 1] = vcvtq_f32_s32(vmovl_s16(vget_high_s16(w0)));
+      cf[4 * hh + 2] = vcvtq_f32_s32(vmovl_s16(vget_low_s16(w1)));
+      cf[4 * hh + 3] = vcvtq_f32_s32(vmovl_s16(vget_high_s16(w1)));
+    }
+    for (int64_t t = 0; t < n_tok; ++t) {
+      const float hv = h[t * cnt];
+      if (hv == 0.0f) continue;
+      float* o = out + t * dm + 32 * u;
+      const float hl = hv * alo, hh = hv * ahi;
+      for (int k = 0; k < 8; ++k) vst1q_f32(o + 4 * k, vfmaq_n_f32(vld1q_f32(o + 4 * k), cf[k], k < 4 ? hl : hh));
+      if constexpr (F::kHasB) {
+        bsum[t * (dm / 16) + 2 * u] += hv * blo;
+        bsum[t * (dm / 16) + 2 * u + 1] += hv * bhi;
+      }
+    }
+    ++u;
+  }
+};
+
+template <class F>
+void ffn_down(const uint8_t* const* rows, const float* h, int64_t cnt, int64_t n_tok, int64_t dm, float* out,
+              float* scratch) {
+  if constexpr (F::kHasB) {
+    for (int64_t k = 0; k < n_tok * dm / 16; ++k) scratch[k] = 0.0f;
+  }
+  for (int64_t i = 0; i < cnt; ++i) {
+    DownEmit<F> e{out, scratch, h + i, cnt, n_tok, dm};
+    for_each_block<F>(rows[i], dm, e);
+  }
+  if constexpr (F::kHasB) {
+    for (int64_t t = 0; t < n_tok; ++t)
+      for (int64_t k = 0; k < dm / 16; ++k) {
+        const float b = scratch[t * (dm / 16) + k];
+        float* o = out + t * dm + 16 * k;
+        for (int j = 0; j < 4; ++j) vst1q_f32(o + 4 * j, vaddq_f32(vld1q_f32(o + 4 * j), vdupq_n_f32(b)));
+      }
+  }
+}
+
 }  // namespace
 }  // namespace ef::arm

@@ -1,6 +1,7 @@
 // Reference GEMM, dequantization and activation quantization: plain loops, double accumulators.
 #include <algorithm>
 #include <cmath>
+#include <vector>
 
 #include "kernel_table.h"
 #include "ref_formats.h"
@@ -88,10 +89,16 @@ void quantize_acts(const float* x, int64_t cols, int8_t* q, float* d, float* s16
   }
 }
 
-void axpy_rows(const float* v, int64_t d, const float* h, int64_t n_tok, float* out, int64_t ld) {
-  for (int64_t t = 0; t < n_tok; ++t) {
-    if (h[t] == 0.0f) continue;
-    for (int64_t i = 0; i < d; ++i) out[t * ld + i] += h[t] * v[i];
+template <Format F>
+void ffn_down(const uint8_t* const* rows, const float* h, int64_t cnt, int64_t n_tok, int64_t dm, float* out, float*) {
+  std::vector<float> row(static_cast<size_t>(dm));
+  for (int64_t i = 0; i < cnt; ++i) {
+    dequant<F>(rows[i], dm, row.data());
+    for (int64_t t = 0; t < n_tok; ++t) {
+      const float hv = h[t * cnt + i];
+      if (hv == 0.0f) continue;
+      for (int64_t k = 0; k < dm; ++k) out[t * dm + k] += hv * row[k];
+    }
   }
 }
 
@@ -118,7 +125,15 @@ void install_linear(KernelTable& t) {
   t.dequant[int(Format::q6_k)].set(dequant<Format::q6_k>, n);
   t.dequant[int(Format::q4_lut)].set(dequant<Format::q4_lut>, n);
   t.quantize_acts.set(quantize_acts, n);
-  t.axpy_rows.set(axpy_rows, n);
+  t.ffn_down[int(Format::f32)].set(ffn_down<Format::f32>, n);
+  t.ffn_down[int(Format::f16)].set(ffn_down<Format::f16>, n);
+  t.ffn_down[int(Format::q8_0)].set(ffn_down<Format::q8_0>, n);
+  t.ffn_down[int(Format::q4_0)].set(ffn_down<Format::q4_0>, n);
+  t.ffn_down[int(Format::q4_1)].set(ffn_down<Format::q4_1>, n);
+  t.ffn_down[int(Format::q5_0)].set(ffn_down<Format::q5_0>, n);
+  t.ffn_down[int(Format::q4_k)].set(ffn_down<Format::q4_k>, n);
+  t.ffn_down[int(Format::q6_k)].set(ffn_down<Format::q6_k>, n);
+  t.ffn_down[int(Format::q4_lut)].set(ffn_down<Format::q4_lut>, n);
 }
 
 }  // namespace ef::ref

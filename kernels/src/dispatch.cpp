@@ -172,9 +172,9 @@ std::vector<std::pair<std::string, std::string>> implementations() {
     if (t.gemm_q8[f].fn) out.emplace_back("gemm_q8_" + fmt, t.gemm_q8[f].isa);
     if (t.gemm_f32[f].fn) out.emplace_back("gemm_f32_" + fmt, t.gemm_f32[f].isa);
     if (t.dequant[f].fn) out.emplace_back("dequant_" + fmt, t.dequant[f].isa);
+    if (t.ffn_down[f].fn) out.emplace_back("ffn_down_" + fmt, t.ffn_down[f].isa);
   }
   out.emplace_back("quantize_acts", t.quantize_acts.isa);
-  out.emplace_back("axpy_rows", t.axpy_rows.isa);
   out.emplace_back("attention_f16", t.attn_chunk[0].isa);
   out.emplace_back("attention_q8_0", t.attn_chunk[1].isa);
   out.emplace_back("rms_norm", t.rms_norm.isa);

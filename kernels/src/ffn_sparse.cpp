@@ -34,6 +34,8 @@ void check_arena(const NeuronArena& a) {
                       std::to_string(a.n_slots) + " slots need " + std::to_string(need));
 }
 
+constexpr int64_t kMaxChunk = 64;  // slots per task
+
 int32_t* scratch_ints(size_t n) {
   thread_local std::vector<int32_t> buf;
   if (buf.size() < n) buf.resize(n);
@@ -76,7 +78,7 @@ void ffn_sparse(const NeuronArena& arena, const float* x, int64_t n_tok, const i
   };
 
   const int threads = get_num_threads();
-  const int64_t chunk = std::clamp<int64_t>((n_active + 2 * threads - 1) / (2 * threads), 8, 64);
+  const int64_t chunk = std::clamp<int64_t>((n_active + 2 * threads - 1) / (2 * threads), 8, kMaxChunk);
   const int64_t tasks = (n_active + chunk - 1) / chunk;
   // Per-thread partial sums, owned by the calling thread; `used` marks the ones written.
   thread_local std::vector<float> partial;
@@ -93,9 +95,10 @@ void ffn_sparse(const NeuronArena& arena, const float* x, int64_t n_tok, const i
       std::fill(part, part + n_tok * dm, 0.0f);
       used_base[th] = 1;
     }
-    float* g = scratch_floats(static_cast<size_t>(cnt * n_tok), 1);   // [n_tok, cnt]
-    float* u = scratch_floats(static_cast<size_t>(cnt * n_tok), 2);   // [n_tok, live]
-    float* down = scratch_floats(static_cast<size_t>(dm + n_tok), 3);  // [dm] + h [n_tok]
+    float* g = scratch_floats(static_cast<size_t>(cnt * n_tok), 1);   // [n_tok, cnt] gate
+    float* u = scratch_floats(static_cast<size_t>(cnt * n_tok), 2);   // [n_tok, live] up, then h
+    float* gl = scratch_floats(static_cast<size_t>(cnt * n_tok), 3);  // [n_tok, live] gate of live
+    float* bsum = scratch_floats(static_cast<size_t>(n_tok * dm / 16 + 1), 0);
     int32_t* live = scratch_ints(static_cast<size_t>(2 * cnt));      // slot ids, then their column in g
     dots(arena.gate, 0, slots + s0, cnt, g);
     int64_t n_live = 0;
@@ -106,27 +109,16 @@ void ffn_sparse(const NeuronArena& arena, const float* x, int64_t n_tok, const i
     }
     if (n_live == 0) return;
     dots(arena.up, rb_g, live, n_live, u);
-    float* h = down + dm;
-    for (int64_t i = 0; i < n_live; ++i) {
-      const int64_t r = live[cnt + i];
-      for (int64_t t = 0; t < n_tok; ++t) {
-        const float gv = g[t * cnt + r];
-        h[t] = (thresholds && std::fabs(gv) < thresholds[t]) ? 0.0f : gv;
+    // gate values of the live neurons; below-threshold (neuron, token) pairs contribute 0 = act(0)
+    for (int64_t t = 0; t < n_tok; ++t)
+      for (int64_t i = 0; i < n_live; ++i) {
+        const float gv = g[t * cnt + live[cnt + i]];
+        gl[t * n_live + i] = (thresholds && std::fabs(gv) < thresholds[t]) ? 0.0f : gv;
       }
-      // h = act(gate) * up for this neuron, per token.
-      for (int64_t t = 0; t < n_tok; ++t) u[t * n_live + i] = h[t] == 0.0f ? 0.0f : u[t * n_live + i];
-      float hv[64];
-      for (int64_t t0 = 0; t0 < n_tok; t0 += 64) {
-        const int64_t nt = std::min<int64_t>(64, n_tok - t0);
-        float uv[64];
-        for (int64_t t = 0; t < nt; ++t) uv[t] = u[(t0 + t) * n_live + i];
-        kt.gated_act[int(act)].fn(h + t0, uv, hv, nt);
-        for (int64_t t = 0; t < nt; ++t) h[t0 + t] = hv[t];
-      }
-      const uint8_t* col = arena.data + static_cast<size_t>(live[i]) * stride + rb_g + rb_u;
-      kt.dequant[int(arena.down)].fn(col, dm, down);
-      kt.axpy_rows.fn(down, dm, h, n_tok, part, dm);
-    }
+    kt.gated_act[int(act)].fn(gl, u, u, n_tok * n_live);  // h = act(gate) * up, [n_tok, live]
+    const uint8_t* rows[kMaxChunk];
+    for (int64_t i = 0; i < n_live; ++i) rows[i] = arena.data + static_cast<size_t>(live[i]) * stride + rb_g + rb_u;
+    kt.ffn_down[int(arena.down)].fn(rows, u, n_live, n_tok, dm, part, bsum);
   });
   for (int th = 0; th < threads; ++th) {
     if (!used[th]) continue;

@@ -37,8 +37,11 @@ using GemmF32Fn = void (*)(const RowsView& w, int64_t r0, int64_t r1, const floa
                            float* y, int64_t ldy);
 using DequantRowFn = void (*)(const uint8_t* row, int64_t cols, float* out);
 using QuantizeActsFn = void (*)(const float* x, int64_t cols, int8_t* q, float* d, float* s16);
-// out[t * ld + i] += h[t] * v[i] for i < d, t < n_tok, skipping tokens with h[t] == 0.
-using AxpyRowsFn = void (*)(const float* v, int64_t d, const float* h, int64_t n_tok, float* out, int64_t ld);
+
+// Sparse-FFN down step: out[t, :] += sum_i h[t * cnt + i] * row_i for cnt quantized rows of dm
+// elements (a neuron's down column). scratch: n_tok * dm / 16 floats (per-half offset sums).
+using DownRowsFn = void (*)(const uint8_t* const* rows, const float* h, int64_t cnt, int64_t n_tok, int64_t dm,
+                            float* out, float* scratch);
 
 // One chunk of slots [0, c) of one KV head for R query rows, flash-attention style: scores,
 // visibility, online softmax (running max m and sum l per row), accumulate into acc.
@@ -81,7 +84,7 @@ struct KernelTable {
   Entry<GemmF32Fn> gemm_f32[kFormatCount];   // f32, f16
   Entry<DequantRowFn> dequant[kFormatCount];
   Entry<QuantizeActsFn> quantize_acts;
-  Entry<AxpyRowsFn> axpy_rows;
+  Entry<DownRowsFn> ffn_down[kFormatCount];
   Entry<AttnChunkFn> attn_chunk[2];          // [0] f16 cache, [1] q8_0 cache
   Entry<RmsNormFn> rms_norm;
   Entry<RopeApplyFn> rope_apply;

@@ -44,8 +44,16 @@ void install_avx2(KernelTable& t) {
   t.dequant[int(Format::q4_k)].set(dequant<Q4_K>, n);
   t.dequant[int(Format::q6_k)].set(dequant<Q6_K>, n);
   t.dequant[int(Format::q4_lut)].set(dequant<Q4_LUT>, n);
+  t.ffn_down[int(Format::f32)].set(ffn_down_f<false>, n);
+  t.ffn_down[int(Format::f16)].set(ffn_down_f<true>, n);
+  t.ffn_down[int(Format::q8_0)].set(ffn_down<Q8_0>, n);
+  t.ffn_down[int(Format::q4_0)].set(ffn_down<Q4_0>, n);
+  t.ffn_down[int(Format::q4_1)].set(ffn_down<Q4_1>, n);
+  t.ffn_down[int(Format::q5_0)].set(ffn_down<Q5_0>, n);
+  t.ffn_down[int(Format::q4_k)].set(ffn_down<Q4_K>, n);
+  t.ffn_down[int(Format::q6_k)].set(ffn_down<Q6_K>, n);
+  t.ffn_down[int(Format::q4_lut)].set(ffn_down<Q4_LUT>, n);
   t.quantize_acts.set(quantize_acts, n);
-  t.axpy_rows.set(axpy_rows, n);
   void install_avx2_ops(KernelTable & t);
   install_avx2_ops(t);
 }

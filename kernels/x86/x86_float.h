@@ -104,15 +104,18 @@ void quantize_acts(const float* x, int64_t cols, int8_t* q, float* d, float* s16
   }
 }
 
-void axpy_rows(const float* v, int64_t d, const float* h, int64_t n_tok, float* out, int64_t ld) {
-  for (int64_t t = 0; t < n_tok; ++t) {
-    if (h[t] == 0.0f) continue;
-    const __m256 hv = _mm256_set1_ps(h[t]);
-    float* o = out + t * ld;
-    int64_t i = 0;
-    for (; i + 8 <= d; i += 8) _mm256_storeu_ps(o + i, _mm256_fmadd_ps(hv, _mm256_loadu_ps(v + i), _mm256_loadu_ps(o + i)));
-    for (; i < d; ++i) o[i] += h[t] * v[i];
-  }
+template <bool F16>
+void ffn_down_f(const uint8_t* const* rows, const float* h, int64_t cnt, int64_t n_tok, int64_t dm, float* out, float*) {
+  for (int64_t i = 0; i < cnt; ++i)
+    for (int64_t t = 0; t < n_tok; ++t) {
+      const float hv = h[t * cnt + i];
+      if (hv == 0.0f) continue;
+      const __m256 hb = _mm256_set1_ps(hv);
+      float* o = out + t * dm;
+      int64_t k = 0;
+      for (; k + 8 <= dm; k += 8) _mm256_storeu_ps(o + k, _mm256_fmadd_ps(hb, load_w8<F16>(rows[i], k), _mm256_loadu_ps(o + k)));
+      for (; k < dm; ++k) o[k] += hv * load_w1<F16>(rows[i], k);
+    }
 }
 
 }  // namespace

@@ -269,5 +269,59 @@ void dequant(const uint8_t* row, int64_t cols, float* out) {
   for_each_block<F>(row, cols, e);
 }
 
+// ---- Sparse-FFN down step: decode each unit once, add h * w into every token's output.
+template <class F>
+struct DownEmit {
+  float* out;        // [n_tok, dm]
+  float* bsum;       // [n_tok, dm / 16]: offsets gathered per half, added at the end
+  const float* h;    // h[t * cnt]
+  int64_t cnt, n_tok, dm;
+  int64_t u = 0;
+  template <int P>
+  inline void unit(__m256i c, float alo, float ahi, float blo, float bhi) {
+    const __m128i c0 = _mm256_castsi256_si128(c), c1 = _mm256_extracti128_si256(c, 1);
+    const __m128i parts[4] = {c0, _mm_srli_si128(c0, 8), c1, _mm_srli_si128(c1, 8)};
+    __m256 cf[4];
+    for (int k = 0; k < 4; ++k)
+      cf[k] = _mm256_cvtepi32_ps(F::kSigned ? _mm256_cvtepi8_epi32(parts[k]) : _mm256_cvtepu8_epi32(parts[k]));
+    for (int64_t t = 0; t < n_tok; ++t) {
+      const float hv = h[t * cnt];
+      if (hv == 0.0f) continue;
+      float* o = out + t * dm + 32 * u;
+      const __m256 hl = _mm256_set1_ps(hv * alo), hh = _mm256_set1_ps(hv * ahi);
+      _mm256_storeu_ps(o, _mm256_fmadd_ps(cf[0], hl, _mm256_loadu_ps(o)));
+      _mm256_storeu_ps(o + 8, _mm256_fmadd_ps(cf[1], hl, _mm256_loadu_ps(o + 8)));
+      _mm256_storeu_ps(o + 16, _mm256_fmadd_ps(cf[2], hh, _mm256_loadu_ps(o + 16)));
+      _mm256_storeu_ps(o + 24, _mm256_fmadd_ps(cf[3], hh, _mm256_loadu_ps(o + 24)));
+      if constexpr (F::kHasB) {
+        bsum[t * (dm / 16) + 2 * u] += hv * blo;
+        bsum[t * (dm / 16) + 2 * u + 1] += hv * bhi;
+      }
+    }
+    ++u;
+  }
+};
+
+template <class F>
+void ffn_down(const uint8_t* const* rows, const float* h, int64_t cnt, int64_t n_tok, int64_t dm, float* out,
+              float* scratch) {
+  if constexpr (F::kHasB) {
+    for (int64_t k = 0; k < n_tok * dm / 16; ++k) scratch[k] = 0.0f;
+  }
+  for (int64_t i = 0; i < cnt; ++i) {
+    DownEmit<F> e{out, scratch, h + i, cnt, n_tok, dm};
+    for_each_block<F>(rows[i], dm, e);
+  }
+  if constexpr (F::kHasB) {
+    for (int64_t t = 0; t < n_tok; ++t)
+      for (int64_t k = 0; k < dm / 16; ++k) {
+        const __m256 b = _mm256_set1_ps(scratch[t * (dm / 16) + k]);
+        float* o = out + t * dm + 16 * k;
+        _mm256_storeu_ps(o, _mm256_add_ps(b, _mm256_loadu_ps(o)));
+        _mm256_storeu_ps(o + 8, _mm256_add_ps(b, _mm256_loadu_ps(o + 8)));
+      }
+  }
+}
+
 }  // namespace
 }  // namespace ef::x86
