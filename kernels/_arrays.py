@@ -13,19 +13,22 @@ import numpy as np
 
 
 def array(name: str, a: object, dtype: type, ndim: Sequence[int] | int | None = None) -> np.ndarray:
-    """`a` as an ndarray of exactly `dtype`, C-contiguous and aligned, with an allowed ndim."""
+    """`a` as an ndarray of exactly `dtype`, C-contiguous and aligned, with an allowed ndim.
+
+    Called on every kernel entry, so the common (valid) path uses only cheap attribute checks.
+    """
     if not isinstance(a, np.ndarray):
         raise TypeError(f"{name} must be a numpy array of {np.dtype(dtype).name}, got {type(a).__name__}")
-    if a.dtype != np.dtype(dtype):
+    if a.dtype.type is not dtype:
         raise TypeError(f"{name} must have dtype {np.dtype(dtype).name}, got {a.dtype}")
-    if ndim is not None:
+    if ndim is not None and a.ndim != ndim and (isinstance(ndim, int) or a.ndim not in ndim):
         allowed = (ndim,) if isinstance(ndim, int) else tuple(ndim)
-        if a.ndim not in allowed:
-            want = " or ".join(f"{d}-D" for d in allowed)
-            raise ValueError(f"{name} must be {want}, got shape {a.shape}")
-    if not a.flags.c_contiguous:
+        want = " or ".join(f"{d}-D" for d in allowed)
+        raise ValueError(f"{name} must be {want}, got shape {a.shape}")
+    flags = a.flags
+    if not flags.c_contiguous:
         raise ValueError(f"{name} must be C-contiguous (use np.ascontiguousarray), got strides {a.strides}")
-    if a.ctypes.data % a.dtype.itemsize:
+    if not flags.aligned:
         raise ValueError(f"{name} is not aligned to {a.dtype.itemsize} bytes (address {a.ctypes.data:#x})")
     return a
 
