@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 __version__ = "0.1.0"
-__all__ = ["load", "Model", "GenerationResult", "UserError", "__version__"]
+__all__ = ["load", "export", "Model", "GenerationResult", "UserError", "__version__"]
 
 
 def __getattr__(name: str) -> Any:
@@ -27,4 +27,8 @@ def __getattr__(name: str) -> Any:
         from edgeflash.errors import UserError
 
         return UserError
+    if name == "export":  # the edgeflash.export package, callable as export(source, out_dir, ...)
+        import edgeflash.export
+
+        return edgeflash.export
     raise AttributeError(f"module 'edgeflash' has no attribute {name!r}")

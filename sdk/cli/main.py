@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import sys
 
-from edgeflash.cli import chat, generate, serve
+from edgeflash.cli import chat, export, generate, inspect, serve
 from edgeflash.cli.args import OneLineParser
 from edgeflash.errors import UserError
 
-SUBCOMMANDS = [generate, chat, serve]
+SUBCOMMANDS = [generate, chat, serve, export, inspect]
 
 
 def build_parser() -> OneLineParser:

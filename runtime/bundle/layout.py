@@ -1,0 +1,68 @@
+"""The bundle's fixed layout rules, shared by the writer (edgeflash.export) and the reader.
+
+A bundle is a directory: `manifest.json`, `tokenizer.json` and one `weights.bin`. weights.bin
+is a sequence of blocks; each block starts at a multiple of BLOCK_ALIGNMENT and is zero-padded
+to one, so any block can be read with direct I/O into an aligned buffer. Tensors inside a block
+start at multiples of TENSOR_ALIGNMENT (SIMD loads, cache lines). Full spec: docs/bundle-format.md.
+"""
+
+from __future__ import annotations
+
+import re
+
+MAGIC = "edgeflash-bundle"
+FORMAT_VERSION = 1
+MANIFEST_FILE = "manifest.json"
+TOKENIZER_FILE = "tokenizer.json"
+WEIGHTS_FILE = "weights.bin"
+BLOCK_ALIGNMENT = 4096  # direct-I/O granularity (logical block size of common flash devices)
+TENSOR_ALIGNMENT = 64
+NEURON_STRIDE_ALIGNMENT = 64  # each neuron bundle in an arena starts on a cache line
+
+# Block kinds in file order: embedding, then per layer attention, ffn, neurons, predictor,
+# then globals (final norm ...) and an untied head.
+BLOCK_KINDS = ("embedding", "attention", "ffn", "neurons", "predictor", "globals", "head")
+LAYER_BLOCK_KINDS = ("attention", "ffn", "neurons", "predictor")
+
+_LAYER_TENSOR = re.compile(r"^blk\.(\d+)\.(.+)$")
+PREDICTOR_TENSORS = ("predictor_a.weight", "predictor_b.weight")
+
+
+def align_up(n: int, alignment: int) -> int:
+    return -(-n // alignment) * alignment
+
+
+def block_name(kind: str, layer: int | None = None) -> str:
+    return f"layer.{layer}.{kind}" if kind in LAYER_BLOCK_KINDS else kind
+
+
+def block_of_tensor(name: str) -> str:
+    """The block a canonical tensor name belongs to.
+
+    Per-layer tensors whose name mentions the FFN (`ffn_*`, Gemma's `post_ffw_norm`) go to the
+    layer's ffn block; the low-rank neuron predictors to its predictor block; every other
+    per-layer tensor (norms, q/k/v/o, q/k norms, biases) to its attention block."""
+    if name == "token_embd.weight":
+        return "embedding"
+    if name == "output.weight":
+        return "head"
+    m = _LAYER_TENSOR.match(name)
+    if not m:
+        return "globals"
+    layer, rest = int(m.group(1)), m.group(2)
+    if rest in PREDICTOR_TENSORS:
+        return block_name("predictor", layer)
+    if rest.startswith(("ffn_", "post_ffw")):
+        return block_name("ffn", layer)
+    return block_name("attention", layer)
+
+
+def block_sort_key(name: str) -> tuple[int, int, int]:
+    """File order of blocks: embedding, layer 0 (attention, ffn, neurons, predictor), layer 1, ...,
+    globals, head — the order a forward pass needs them, so streaming reads move forward."""
+    if name == "embedding":
+        return (0, 0, 0)
+    if name.startswith("layer."):
+        _, layer, kind = name.split(".", 2)
+        return (1, int(layer), LAYER_BLOCK_KINDS.index(kind))
+    return (2, 0, 0) if name == "globals" else (3, 0, 0)

@@ -1,0 +1,97 @@
+"""`edgeflash export`: quantize, partition, calibrate and write a verified bundle."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from edgeflash.cli.args import non_negative_int, positive_int
+from edgeflash.errors import UserError
+
+HELP = "export a model to an edgeflash bundle"
+DESCRIPTION = """Export SOURCE (a GGUF file, a Hugging Face directory or a model alias) to the bundle
+directory OUT: quantize with --quant, calibrate on text (sparsity thresholds, hot-first neuron
+order, predictors, token frequencies), write 4 KiB-aligned checksummed blocks, and print a
+quality report (perplexity against the unquantized source on held-out text).
+
+schemes: keep, f16, q8_0, q4_0, q4_0-rtn, q4_1, q4_1-rtn, q4_k, q4_lut, q4_0-mixed, q4_lut-mixed,
+  or mixed:ROLE=FORMAT[/METHOD][@GROUP],... with roles embedding, head, attention, ffn, norm, *
+
+examples:
+  edgeflash export default -o out/gemma-q4_0
+  edgeflash export smollm2-135m -o out/smol-keep --quant keep
+  edgeflash export model.gguf -o out/m --quant mixed:attention=q8_0,ffn=q4_0 --calibration my.txt
+"""
+
+
+def _fractions(text: str) -> list[float]:
+    try:
+        values = [float(v) for v in text.split(",") if v.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated fractions like 0.3,0.5,0.7, got {text!r}") from None
+    if not values or any(not 0.0 < v < 1.0 for v in values):
+        raise argparse.ArgumentTypeError(f"expected fractions strictly between 0 and 1, got {text!r}")
+    return values
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("export", help=HELP, description=DESCRIPTION,
+                       formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("source", metavar="SOURCE", help="GGUF file, Hugging Face directory, bundle, or alias")
+    p.add_argument("-o", "--output", required=True, type=Path, metavar="OUT", help="bundle directory to write")
+    p.add_argument("-q", "--quant", default="q4_0", metavar="SCHEME", help="quantization scheme (default: %(default)s)")
+    p.add_argument("--quant-config", type=Path, metavar="FILE",
+                   help="a QuantConfig as JSON (overrides --quant)")
+    p.add_argument("--group-size", type=positive_int, default=None,
+                   help="values per quantization scale; must match the formats' block size")
+    p.add_argument("--target", default="bundle", help="output kind (default: %(default)s)")
+    p.add_argument("--calibration", type=Path, metavar="TEXTFILE",
+                   help="calibration text (default: the shakespeare calibration split)")
+    p.add_argument("--calibration-tokens", type=positive_int, default=2048, help="default: %(default)s")
+    p.add_argument("--eval-tokens", type=non_negative_int, default=1024,
+                   help="held-out tokens for perplexity; 0 skips evaluation (default: %(default)s)")
+    p.add_argument("--window", type=positive_int, default=512, dest="window_tokens",
+                   help="tokens per calibration/evaluation window (default: %(default)s)")
+    p.add_argument("--sparsity", type=_fractions, default=[0.3, 0.5, 0.7],
+                   help="target activation sparsities to calibrate (default: 0.3,0.5,0.7)")
+    p.add_argument("--no-neuron-arena", action="store_false", dest="neuron_arena",
+                   help="do not store the FFN a second time as neuron bundles (saves flash; no sparse mode)")
+    p.add_argument("--predictor-rank", type=non_negative_int, default=64,
+                   help="rank of the low-rank neuron predictors; 0 = none (default: %(default)s)")
+    p.add_argument("--top-tokens", type=positive_int, default=8192,
+                   help="most frequent calibration tokens stored for self-drafting (default: %(default)s)")
+    p.add_argument("--no-baseline", action="store_false", dest="baseline",
+                   help="skip the round-to-nearest baseline perplexity of calibrated schemes")
+    p.add_argument("-f", "--force", action="store_true", help="replace an existing bundle at OUT")
+    p.add_argument("--quiet", action="store_true", help="no progress bars")
+    p.add_argument("--tensors", action="store_true", help="list every tensor's format and SQNR in the report")
+    p.add_argument("--json", action="store_true", help="end with the bundle summary as one JSON object")
+    p.set_defaults(run=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from edgeflash.export import export
+    from edgeflash.runtime.bundle.describe import render, summary
+
+    quant: object = args.quant
+    if args.quant_config is not None:
+        from edgeflash.export.quant import QuantConfig
+
+        try:
+            quant = QuantConfig.from_json(args.quant_config.read_text(encoding="utf-8"))
+        except OSError as e:
+            raise UserError(f"{args.quant_config}: cannot read the quant config ({e.strerror})") from None
+    result = export(args.source, args.output, quant=quant, target=args.target,
+                    calibration=args.calibration, calibration_tokens=args.calibration_tokens,
+                    eval_tokens=args.eval_tokens, window_tokens=args.window_tokens, sparsity=args.sparsity,
+                    neuron_arena=args.neuron_arena, predictor_rank=args.predictor_rank,
+                    top_tokens=args.top_tokens, group_size=args.group_size, baseline=args.baseline,
+                    overwrite=args.force, progress=not args.quiet)
+    out = sys.stdout
+    out.write(render(result.manifest, blocks=False, tensors=args.tensors) + "\n")
+    out.write(f"wrote {result.path}\n")
+    if args.json:
+        out.write(json.dumps(summary(result.manifest)) + "\n")
+    return 0

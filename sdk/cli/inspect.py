@@ -1,0 +1,47 @@
+"""`edgeflash inspect`: a bundle's manifest, block plan and quality report."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+HELP = "show a bundle's manifest, block plan and quality report"
+DESCRIPTION = """Show what a bundle holds: model spec, quantization rules, every block (offset, size,
+formats, neuron arenas), calibration data and the quality report written at export.
+Checksums are verified unless --no-verify.
+
+examples:
+  edgeflash inspect out/gemma-q4_0
+  edgeflash inspect out/gemma-q4_0 --tensors
+  edgeflash inspect out/gemma-q4_0 --json
+"""
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("inspect", help=HELP, description=DESCRIPTION,
+                       formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("bundle", type=Path, metavar="BUNDLE", help="bundle directory")
+    p.add_argument("--tensors", action="store_true", help="also list every tensor with its format and SQNR")
+    p.add_argument("--no-verify", action="store_false", dest="verify", help="skip the block checksums")
+    p.add_argument("--json", action="store_true", help="print the summary as one JSON object")
+    p.set_defaults(run=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from edgeflash.runtime.bundle import Bundle
+    from edgeflash.runtime.bundle.describe import render, summary
+
+    bundle = Bundle.open(args.bundle, verify=args.verify)
+    manifest = bundle.manifest.raw
+    if args.json:
+        data = summary(manifest)
+        data["verified"] = args.verify
+        if args.tensors:
+            data["tensors"] = manifest.get("tensors", [])
+        sys.stdout.write(json.dumps(data) + "\n")
+    else:
+        sys.stdout.write(render(manifest, blocks=True, tensors=args.tensors) + "\n")
+        sys.stdout.write(f"checksums: {'verified' if args.verify else 'not checked'}\n")
+    return 0

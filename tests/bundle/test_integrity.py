@@ -1,0 +1,116 @@
+"""A damaged bundle is refused with a message that says what is wrong and where."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+
+from edgeflash.errors import IntegrityError, ModelFormatError, UnsupportedModelError
+from edgeflash.runtime.bundle import Bundle, load_bundle
+
+
+def _flip(path, offset: int) -> None:
+    with open(path, "r+b") as f:
+        f.seek(offset)
+        byte = f.read(1)
+        f.seek(offset)
+        f.write(bytes([byte[0] ^ 0x5A]))
+
+
+def test_a_flipped_byte_in_any_block_names_that_block(bundle_copy):
+    blocks = Bundle.open(bundle_copy).blocks
+    weights = bundle_copy / "weights.bin"
+    for name, block in blocks.items():
+        for offset in (block.offset, block.offset + block.data_nbytes // 2, block.offset + block.nbytes - 1):
+            _flip(weights, offset)
+            with pytest.raises(IntegrityError, match=f"checksum mismatch in block {name} "):
+                load_bundle(bundle_copy)
+            _flip(weights, offset)  # restore
+    load_bundle(bundle_copy)  # intact again
+
+
+def test_read_block_into_verifies_on_request(bundle_copy):
+    b = Bundle.open(bundle_copy)
+    block = b.blocks["layer.1.ffn"]
+    _flip(bundle_copy / "weights.bin", block.offset + 100)
+    buf = bytearray(block.nbytes)
+    b.read_block_into("layer.1.ffn", buf)  # no verification: reads what is there
+    with pytest.raises(IntegrityError, match="block layer.1.ffn"):
+        b.read_block_into("layer.1.ffn", buf, verify=True)
+
+
+def test_modified_tokenizer_is_detected(bundle_copy):
+    path = bundle_copy / "tokenizer.json"
+    path.write_bytes(path.read_bytes().replace(b'"', b"'", 1))
+    with pytest.raises(IntegrityError, match="tokenizer.json: checksum mismatch"):
+        load_bundle(bundle_copy)
+
+
+def test_truncated_weights_are_rejected(bundle_copy):
+    weights = bundle_copy / "weights.bin"
+    size = weights.stat().st_size
+    os.truncate(weights, size - 4096)
+    with pytest.raises(ModelFormatError, match=f"weights.nbytes = {size} but weights.bin has {size - 4096} bytes"):
+        load_bundle(bundle_copy)
+
+
+def _edit_manifest(bundle_dir, edit) -> None:
+    path = bundle_dir / "manifest.json"
+    m = json.loads(path.read_text())
+    edit(m)
+    path.write_text(json.dumps(m))
+
+
+def _tensor(m, name):
+    return next(t for t in m["tensors"] if t["name"] == name)
+
+
+def _block(m, name):
+    return next(b for b in m["blocks"] if b["name"] == name)
+
+
+@pytest.mark.parametrize("edit,error,fragment", [
+    (lambda m: m.update(magic="gguf-bundle"), ModelFormatError, "not an edgeflash bundle"),
+    (lambda m: m.update(format_version=99), UnsupportedModelError, "bundle format version 99 is not supported"),
+    (lambda m: m["weights"].update(file="../../etc/passwd"), ModelFormatError, "weights.file"),
+    (lambda m: m["tokenizer"].update(file="/tmp/tok.json"), ModelFormatError, "tokenizer.file"),
+    (lambda m: _block(m, "head").update(offset=_block(m, "head")["offset"] + 4096), ModelFormatError,
+     "block head .* runs past the end of weights.bin"),
+    (lambda m: _block(m, "globals").update(offset=_block(m, "globals")["offset"] + 100), ModelFormatError,
+     "must be multiples of 4096"),
+    (lambda m: _block(m, "layer.0.ffn").update(offset=_block(m, "layer.0.attention")["offset"]), ModelFormatError,
+     "overlaps the block before it"),
+    (lambda m: _tensor(m, "blk.0.ffn_up.weight").update(offset=10 ** 9), ModelFormatError,
+     "tensor blk.0.ffn_up.weight .* runs past the end of the block's data"),
+    (lambda m: _tensor(m, "blk.0.ffn_up.weight").update(offset=_tensor(m, "blk.0.ffn_gate.weight")["offset"]),
+     ModelFormatError, "overlap"),
+    (lambda m: _tensor(m, "blk.0.ffn_up.weight").update(nbytes=12), ModelFormatError, "nbytes = 12 but shape"),
+    (lambda m: _tensor(m, "blk.0.ffn_up.weight").update(offset=8), ModelFormatError, "not a multiple of 64"),
+    (lambda m: _tensor(m, "blk.0.ffn_up.weight").update(format="q9_9"), ModelFormatError, "'q9_9' is not a known"),
+    (lambda m: _tensor(m, "blk.0.ffn_up.weight").update(block="nowhere"), ModelFormatError,
+     "block 'nowhere' is not in the block table"),
+    (lambda m: _block(m, "layer.0.neurons")["arena"].update(order=[0] * len(_block(m, "layer.0.neurons")["arena"]["order"])),
+     ModelFormatError,
+     "order must be a permutation"),
+    (lambda m: _block(m, "layer.0.neurons")["arena"].update(n_neurons=10 ** 6), ModelFormatError,
+     "neuron arena of block layer.0.neurons .* runs past the end"),
+    (lambda m: m["blocks"].append(dict(_block(m, "globals"), name="globals")), ModelFormatError, "appears twice"),
+    (lambda m: m.pop("blocks"), ModelFormatError, "blocks is missing"),
+    (lambda m: m.update(tensors="all of them"), ModelFormatError, "tensors = 'all of them': expected list"),
+])
+def test_bad_manifests_are_rejected(bundle_copy, edit, error, fragment):
+    _edit_manifest(bundle_copy, edit)
+    with pytest.raises(error, match=fragment) as info:
+        load_bundle(bundle_copy)
+    assert "manifest.json" in str(info.value) or "format version" in str(info.value)
+
+
+def test_not_a_bundle(tmp_path):
+    (tmp_path / "manifest.json").write_text("{not json")
+    (tmp_path / "weights.bin").write_bytes(b"")
+    with pytest.raises(ModelFormatError, match="not valid JSON"):
+        load_bundle(tmp_path)
+    with pytest.raises(ModelFormatError, match="no manifest.json"):
+        Bundle.open(tmp_path / "elsewhere")

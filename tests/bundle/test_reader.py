@@ -1,0 +1,127 @@
+"""Reading a bundle: layout rules, zero-copy tensors, positioned block reads, arenas, loading
+into the reference runtime."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from edgeflash.export.quantize import sqnr_db
+from edgeflash.runtime.bundle import BLOCK_ALIGNMENT, TENSOR_ALIGNMENT, Bundle, load_bundle
+from edgeflash.runtime.reference import ReferenceEngine
+from edgeflash.runtime.tensors import dequantize_raw
+
+
+def test_layout_rules_hold(tiny_bundle_dir):
+    b = Bundle.open(tiny_bundle_dir)
+    names = list(b.blocks)
+    assert names[0] == "embedding" and names[-2:] == ["globals", "head"]
+    assert names[1:5] == ["layer.0.attention", "layer.0.ffn", "layer.0.neurons", "layer.0.predictor"]
+    assert len(names) == 1 + 4 * 3 + 2  # 3 layers
+    end = 0
+    for block in b.blocks.values():
+        assert block.offset % BLOCK_ALIGNMENT == 0 and block.nbytes % BLOCK_ALIGNMENT == 0
+        assert block.offset == end  # contiguous, file order
+        end = block.offset + block.nbytes
+    assert end == b.weights_path.stat().st_size
+    for t in b.tensors.values():
+        assert t.offset % TENSOR_ALIGNMENT == 0
+        assert t.block == {"token_embd.weight": "embedding", "output.weight": "head",
+                           "output_norm.weight": "globals"}.get(t.name, t.block)
+    ffn = b.blocks["layer.1.ffn"]  # dense FFN: its norm first, then gate, up, down
+    first_matrix = min(b.tensors[n].offset for n in ffn.tensors if len(b.tensors[n].shape) > 1)
+    assert all(b.tensors[n].offset < first_matrix for n in ffn.tensors if len(b.tensors[n].shape) == 1)
+    assert set(ffn.tensors) == {"blk.1.ffn_norm.weight", "blk.1.ffn_gate.weight", "blk.1.ffn_up.weight",
+                                "blk.1.ffn_down.weight"}
+
+
+def test_tensors_are_read_only_views_of_one_map(tiny_bundle_dir):
+    source = load_bundle(tiny_bundle_dir)
+    assert source.kind == "bundle"
+    assert source.info["manifest"]["magic"] == "edgeflash-bundle"
+    for t in source.tensors.values():
+        assert not t.raw.flags.writeable
+        assert not t.raw.flags.owndata
+    b = source.info["bundle"]
+    block = b.blocks["layer.0.attention"]
+    view = b.block_view("layer.0.attention")
+    q = source.tensors["blk.0.attn_q.weight"]
+    start = b.tensors["blk.0.attn_q.weight"].offset
+    np.testing.assert_array_equal(view[start:start + q.nbytes], q.raw.reshape(-1))
+    assert view.nbytes == block.nbytes
+
+
+def test_read_block_into_matches_the_map(tiny_bundle_dir):
+    b = Bundle.open(tiny_bundle_dir)
+    for name, block in b.blocks.items():
+        buf = np.zeros(block.nbytes + 100, dtype=np.uint8)
+        assert b.read_block_into(name, buf, verify=True) == block.nbytes
+        np.testing.assert_array_equal(buf[:block.nbytes], b.block_view(name))
+        for tname in block.tensors:
+            np.testing.assert_array_equal(b.tensor_in(buf, tname).raw, b.tensor(tname).raw)
+    with pytest.raises(ValueError, match="needs"):
+        b.read_block_into("embedding", bytearray(10))
+    with pytest.raises(ValueError, match="writable"):
+        b.read_block_into("globals", bytes(b.blocks["globals"].nbytes))
+
+
+def test_arena_holds_neurons_hot_first(tiny_bundle_dir):
+    from edgeflash import kernels
+
+    source = load_bundle(tiny_bundle_dir)
+    b = source.info["bundle"]
+    spec = source.spec
+    manifest = source.info["manifest"]
+    for layer in range(spec.n_layers):
+        entry, arena = b.arena(layer)
+        assert arena.shape == (spec.d_ff, entry.stride) and entry.stride % 64 == 0
+        freq = np.asarray(manifest["calibration"]["neurons"]["frequency"][layer])
+        assert np.all(np.diff(freq[entry.order]) <= 1e-6)  # hot first
+        gate = source.tensors[f"blk.{layer}.ffn_gate.weight"]
+        g = entry.part("gate")
+        # gate rows are the dense tensor's bytes (same format), permuted into hot-first order
+        np.testing.assert_array_equal(arena[:, g.offset:g.offset + g.nbytes], gate.raw[entry.order])
+        # the kernel reads the arena as laid out: slot j = neuron order[j] (gate row, up row, down column)
+        rows = {p.name: dequantize_raw(np.ascontiguousarray(arena[:, p.offset:p.offset + p.nbytes]), p.fmt,
+                                       spec.d_model) for p in entry.parts}  # each [d_ff, d_model]
+        x = np.random.default_rng(layer).standard_normal((3, spec.d_model)).astype(np.float32)
+        g_pre = x @ rows["gate"].T
+        expected = ((g_pre / (1 + np.exp(-g_pre))) * (x @ rows["up"].T)) @ rows["down"]
+        sparse = kernels.ffn_sparse(np.ascontiguousarray(arena), x, np.arange(spec.d_ff), d_model=spec.d_model,
+                                    gate_fmt=g.fmt, up_fmt=entry.part("up").fmt, down_fmt=entry.part("down").fmt,
+                                    act="silu")
+        assert np.abs(sparse - expected).max() < 0.02 * np.abs(expected).max()
+        # down columns are the dense down projection's columns, requantized in hot-first order
+        down = source.tensors[f"blk.{layer}.ffn_down.weight"].dequantize()  # [d_model, d_ff]
+        assert sqnr_db(down.T[entry.order], rows["down"]) > 14.0
+        # arena_in over a buffer filled by a positioned read sees the same bytes
+        block = b.arena_block(layer)
+        buf = bytearray(block.nbytes)
+        b.read_block_into(block.name, buf)
+        np.testing.assert_array_equal(b.arena_in(buf, layer), arena)
+
+
+def test_bundle_runs_in_the_reference_engine(tiny_bundle_dir):
+    source = load_bundle(tiny_bundle_dir)
+    engine = ReferenceEngine(source)
+    logits = engine.forward(source.tokenizer.encode("To be, or not to be"), all_logits=True)
+    assert logits.shape[1] == source.spec.vocab_size and np.isfinite(logits).all()
+
+
+def test_manifest_has_every_section(tiny_bundle_dir):
+    m = json.loads((tiny_bundle_dir / "manifest.json").read_text())
+    assert {"magic", "format_version", "model", "source", "quant", "tokenizer", "weights", "blocks", "tensors",
+            "calibration", "report"} <= set(m)
+    assert m["source"]["kind"] == "torch"
+    cal = m["calibration"]
+    n_layers = m["model"]["spec"]["n_layers"]
+    assert len(cal["sparsity"]["act_threshold"]) == n_layers
+    for row in cal["sparsity"]["act_threshold"]:
+        assert row == sorted(row) and row[0] > 0  # larger target sparsity, larger threshold
+    assert len(cal["predictors"]["recall"]) == n_layers
+    assert 0 < len(cal["token_frequencies"]["ids"]) <= 64
+    counts = cal["token_frequencies"]["counts"]
+    assert counts == sorted(counts, reverse=True)
+    assert m["report"]["perplexity"]["exported"] > 1.0

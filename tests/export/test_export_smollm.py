@@ -1,0 +1,104 @@
+"""SmolLM2-135M through every stage: each scheme makes a bundle that loads and runs, `keep` is
+bit-exact, q8_0 is within 1% perplexity, and calibrated q4_0 beats round-to-nearest."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from edgeflash.export.evaluate import perplexity
+from edgeflash.export.ops import FastOps
+from edgeflash.export.partition import build_arena, plan_blocks
+from edgeflash.export.quant import get_scheme
+from edgeflash.export.quantize import quantize_model, quantized_source
+from edgeflash.export.writer import write_bundle
+from edgeflash.runtime.bundle import load_bundle
+from edgeflash.runtime.bundle.layout import FORMAT_VERSION, MAGIC
+from edgeflash.runtime.reference import ReferenceEngine
+
+PROMPT = "Now is the winter of our discontent"
+
+
+def _write(model, quantized, calibration, out, scheme):
+    config = get_scheme(scheme)
+    arenas = {i: build_arena(model, i, calibration.neuron_order[i], config.arena_format(), quantized)
+              for i in range(model.spec.n_layers)}
+    blocks = plan_blocks(quantized, arenas, calibration.predictors)
+    manifest = {"magic": MAGIC, "format_version": FORMAT_VERSION, "model": {"name": "smol", "spec": model.spec.to_dict()},
+                "source": {"kind": model.kind}, "quant": config.to_dict(), "calibration": calibration.to_manifest(),
+                "report": {}}
+    write_bundle(out, blocks, manifest, model.tokenizer.to_json())
+    return load_bundle(out)
+
+
+def _greedy(source, prompt_ids, n=8):
+    engine = ReferenceEngine(source)
+    logits = engine.forward(prompt_ids)
+    out = []
+    for _ in range(n):
+        out.append(int(np.argmax(logits[-1])))
+        logits = engine.forward([out[-1]])
+    return out
+
+
+def test_keep_bundle_has_the_gguf_logits_exactly(smol, tmp_path):
+    from edgeflash.export import export
+
+    result = export(smol, tmp_path / "keep", quant="keep", calibration_tokens=128, window_tokens=128, eval_tokens=0,
+                    predictor_rank=0, top_tokens=256, frequency_chars=20_000, progress=False)
+    bundle = load_bundle(result.path)
+    for name, t in smol.tensors.items():  # byte for byte, same formats
+        assert bundle.tensors[name].fmt == t.fmt
+        np.testing.assert_array_equal(bundle.tensors[name].raw, t.raw)
+    ids = smol.tokenizer.encode(PROMPT)
+    ours = ReferenceEngine(bundle).forward(ids, all_logits=True)
+    theirs = ReferenceEngine(smol).forward(ids, all_logits=True)
+    assert np.array_equal(ours, theirs)
+    assert all(t["sqnr_db"] is None for t in result.report["tensors"])
+    assert result.manifest["quant"]["scheme"] == "keep"
+    # the arena is in q8_0 for keep (the source's own formats vary per tensor)
+    assert {p["format"] for b in result.manifest["blocks"] if b["arena"] for p in b["arena"]["parts"]} == {"q8_0"}
+
+
+def test_q8_0_is_within_one_percent(smol, smol_calibration, heldout_windows, smol_source_perplexity):
+    q = quantize_model(smol, get_scheme("q8_0"), smol_calibration.importance, progress=False)
+    p = perplexity(quantized_source(smol, q), heldout_windows, FastOps(), "q8_0", False)
+    delta = p.perplexity / smol_source_perplexity.perplexity - 1.0
+    assert abs(delta) < 0.01, f"q8_0 perplexity {p.perplexity:.3f} vs source {smol_source_perplexity.perplexity:.3f}"
+    assert min(t.sqnr_db for t in q.values() if t.sqnr_db is not None and len(t.tensor.shape) > 1) > 30.0
+
+
+def test_calibrated_q4_0_beats_round_to_nearest(smol, smol_calibration, heldout_windows, smol_source_perplexity):
+    config = get_scheme("q4_0")
+    calibrated = quantize_model(smol, config, smol_calibration.importance, progress=False)
+    rtn = quantize_model(smol, config.rtn_baseline(), None, progress=False)
+    assert sum(t.tensor.nbytes for t in calibrated.values()) == sum(t.tensor.nbytes for t in rtn.values())
+    p_cal = perplexity(quantized_source(smol, calibrated), heldout_windows, FastOps(), "calibrated", False).perplexity
+    p_rtn = perplexity(quantized_source(smol, rtn), heldout_windows, FastOps(), "rtn", False).perplexity
+    ref = smol_source_perplexity.perplexity
+    assert p_cal < 0.97 * p_rtn, f"calibrated {p_cal:.2f} vs round-to-nearest {p_rtn:.2f}"
+    assert p_cal < 1.25 * ref, f"calibrated q4_0 {p_cal:.2f} vs source {ref:.2f}: outside the stated 25% bound"
+
+
+@pytest.mark.parametrize("scheme", ["q4_1", "q4_k", "q4_lut", "q4_0-mixed"])
+def test_scheme_bundle_loads_and_generates(smol, smol_calibration, tmp_path, scheme):
+    config = get_scheme(scheme)
+    quantized = quantize_model(smol, config, smol_calibration.importance, progress=False)
+    bundle = _write(smol, quantized, smol_calibration, tmp_path / scheme, scheme)
+    ids = smol.tokenizer.encode(PROMPT)
+    in_memory = ReferenceEngine(quantized_source(smol, quantized)).forward(ids, all_logits=True)
+    assert np.array_equal(ReferenceEngine(bundle).forward(ids, all_logits=True), in_memory)
+    text = smol.tokenizer.decode(_greedy(bundle, ids))
+    assert len(text.strip()) > 0
+    formats = {t.fmt for n, t in bundle.tensors.items() if len(t.shape) > 1 and "predictor" not in n}
+    if scheme == "q4_k":
+        # d_model 576 is not a multiple of 256: those rows fall back to q5_0, d_ff rows (1536) stay q4_k
+        assert formats == {"q4_k", "q5_0"}
+        assert bundle.tensors["blk.0.ffn_down.weight"].fmt == "q4_k"
+        fallbacks = [q for q in quantized.values() if q.plan.fallback_from]
+        assert fallbacks and all(q.plan.fallback_from == "q4_k" and q.tensor.fmt == "q5_0" for q in fallbacks)
+    elif scheme == "q4_0-mixed":
+        assert bundle.tensors["blk.0.attn_q.weight"].fmt == "q8_0"
+        assert bundle.tensors["blk.0.ffn_up.weight"].fmt == "q4_0"
+    else:
+        assert formats == {scheme}
