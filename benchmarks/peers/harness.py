@@ -8,6 +8,7 @@ Definitions, identical for every peer:
   ttft_s         prompt submitted -> first generated token available (prefill + first sample)
   prefill_tok_s  prompt_tokens / ttft_s
   decode_tok_s   (generated_tokens - 1) / (time of last token - time of first token)
+Before timing, every runner generates two tokens from WARMUP_TEXT, so no repeat is a cold start.
 """
 
 from __future__ import annotations
@@ -27,6 +28,11 @@ from typing import Any
 
 import workloads
 from models import BenchModel, get_model
+
+
+# Every runner generates two tokens from this before timing anything (loads lazy state, spins
+# up thread pools) so that the first timed repeat is not a cold start.
+WARMUP_TEXT = "The quick brown fox"
 
 
 def build_parser(peer: str) -> argparse.ArgumentParser:

@@ -46,6 +46,10 @@ def run_generate(w: harness.Workload) -> dict:
     vocab = llama_cpp.llama_model_get_vocab(llm.model)
     # add_bos=True means "as the model's metadata says": Gemma gets <bos>, SmolLM2 does not.
     prompt_ids = llm.tokenize(w.prompt.text.encode("utf-8"), add_bos=True, special=True)
+    warm = llm.tokenize(harness.WARMUP_TEXT.encode("utf-8"), add_bos=True, special=True)
+    for n, _tok in enumerate(llm.generate(warm, temp=0.0)):
+        if n >= 1:
+            break
     clock = harness.TokenClock()
     repeats = []
     for i in range(w.repeat):

@@ -44,6 +44,7 @@ def run_generate(w: harness.Workload) -> dict:
     repeats = []
     clock = harness.TokenClock()
     with torch.inference_mode():
+        greedy_once(model, tok(harness.WARMUP_TEXT, return_tensors="pt").input_ids, 2, stop, clock)
         for i in range(w.repeat):
             ids = greedy_once(model, input_ids, w.max_new_tokens, stop, clock)
             repeats.append(harness.Repeat(
