@@ -72,7 +72,6 @@ class ChatSession:
             dropped += 1
             ids = self.model.chat_prompt(self.messages)
         if len(ids) >= context:
-            self.messages.pop()
             raise UserError(f"this message is {len(ids)} tokens with the chat format; the context holds {context}")
         self.history_tokens = len(ids)
         return self.model.generation(ids, self.max_tokens, **self.sampling), dropped
@@ -120,7 +119,9 @@ def read_line(interactive: bool) -> str | None:
 def stream_reply(session: ChatSession, text: str, out: TextIO, err: TextIO) -> None:
     try:
         generation, dropped = session.start_reply(text)
-    except UserError as e:
+    except (UserError, ValueError) as e:  # ValueError: the model's chat template refused the conversation
+        if session.messages and session.messages[-1] == {"role": "user", "content": text}:
+            session.messages.pop()
         err.write(f"error: {e}\n")
         return
     if dropped:
