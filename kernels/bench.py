@@ -71,7 +71,7 @@ def read_bandwidth(threads: int, size_mb: int = 1024) -> float:
     before = get_num_threads()
     set_num_threads(threads)
     try:
-        best = min(_native.timed_read(buf) for _ in range(6))
+        best = min(_native.timed_read(buf) for _ in range(10))
     finally:
         set_num_threads(before)
     return buf.nbytes / best / 1e9

@@ -183,6 +183,7 @@ double timed_read(const uint8_t* data, size_t bytes) {
     const size_t words = chunk / 8;
     uint64_t a0 = 0, a1 = 0, a2 = 0, a3 = 0, a4 = 0, a5 = 0, a6 = 0, a7 = 0;
     for (size_t i = 0; i + 8 <= words; i += 8) {
+      __builtin_prefetch(p + i + 256);  // 2 KiB ahead, like the streaming GEMV
       a0 += p[i], a1 += p[i + 1], a2 += p[i + 2], a3 += p[i + 3];
       a4 += p[i + 4], a5 += p[i + 5], a6 += p[i + 6], a7 += p[i + 7];
     }
