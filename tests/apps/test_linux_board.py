@@ -3,12 +3,14 @@ it with the health check, and the systemd unit."""
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
 import signal
 import subprocess
 import sys
+import urllib.request
 from pathlib import Path
 
 import pytest
@@ -77,9 +79,9 @@ def test_launcher_errors_are_one_line(tmp_path, env, fragment):
     assert len(lines) == 1 and fragment in lines[0], proc.stderr
 
 
-def test_launch_serves_and_health_check_answers(tmp_path, smollm_path):
+def test_launch_serves_with_the_chosen_budget_and_health_check_answers(tmp_path, smollm_path):
     env = {**os.environ, "EDGEFLASH_MODEL": str(smollm_path), "EDGEFLASH_BIN": EDGEFLASH, "EDGEFLASH_PORT": "0",
-           "EDGEFLASH_MEMORY_BUDGET": "none", "EDGEFLASH_ARGS": "--max-tokens 8 --quiet"}
+           "EDGEFLASH_MEMINFO": str(meminfo(tmp_path, 1024 * 1024)), "EDGEFLASH_ARGS": "--max-tokens 8 --quiet"}
     proc = subprocess.Popen(["sh", str(LAUNCH)], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         line = proc.stdout.readline()
@@ -91,10 +93,16 @@ def test_launch_serves_and_health_check_answers(tmp_path, smollm_path):
         assert health.returncode == 0, health.stderr
         assert health.stdout.startswith("ok: SmolLM2-135M-Instruct.Q4_1 (")
         assert "generated 1 token" in health.stdout
+        request = urllib.request.Request(url + "/v1/completions", data=json.dumps({"prompt": "Hi", "max_tokens": 2}
+                                                                                  ).encode())
+        with urllib.request.urlopen(request, timeout=300) as response:
+            stats = json.loads(response.read())["edgeflash"]
+        assert stats["memory_budget_bytes"] == 820 * 2**20  # 1024 MiB available - 20 % margin
     finally:
         proc.send_signal(signal.SIGTERM)  # the launcher exec'd the server: the signal reaches it directly
         out, err = proc.communicate(timeout=60)
     assert proc.returncode == 0, err
+    assert "memory budget 820 MiB" in err
     down = subprocess.run([sys.executable, str(HEALTH), "--url", url], capture_output=True, text=True, timeout=60)
     assert down.returncode == 1 and "is not healthy" in down.stderr
 
