@@ -10,7 +10,13 @@ import argparse
 import sys
 from typing import Any, TextIO
 
-from edgeflash.cli.args import add_model_options, add_sampling_options, load_kwargs, positive_int, sampling_kwargs
+from edgeflash.cli.args import (
+    add_model_options,
+    add_sampling_options,
+    load_kwargs,
+    positive_int,
+    sampling_kwargs,
+)
 from edgeflash.errors import UserError
 
 HELP = "chat with a model in the terminal"

@@ -5,8 +5,15 @@ from __future__ import annotations
 import argparse
 import sys
 
-from edgeflash.cli.args import (add_model_options, add_sampling_options, load_kwargs, non_negative_float,
-                                non_negative_int, positive_int, sampling_kwargs)
+from edgeflash.cli.args import (
+    add_model_options,
+    add_sampling_options,
+    load_kwargs,
+    non_negative_float,
+    non_negative_int,
+    positive_int,
+    sampling_kwargs,
+)
 
 HELP = "serve a model over HTTP with the OpenAI API shape (and a web chat page)"
 DESCRIPTION = """Serve MODEL on an OpenAI-compatible HTTP API: POST /v1/chat/completions and

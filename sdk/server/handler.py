@@ -16,14 +16,14 @@ import sys
 import time
 from http.server import BaseHTTPRequestHandler
 from pathlib import Path
-from urllib.parse import unquote
 from typing import TYPE_CHECKING, Any
+from urllib.parse import unquote
 
 from edgeflash import __version__
 from edgeflash.server.errors import ApiError, invalid, server_error
 from edgeflash.server.responses import ResponseIds, chunk, full_response, usage_chunk
 from edgeflash.server.validate import parse_chat, parse_completion
-from edgeflash.server.worker import CANCELLED, DONE, ERROR, PIECE, Job, shutting_down
+from edgeflash.server.worker import DONE, ERROR, PIECE, Job, shutting_down
 
 if TYPE_CHECKING:
     from edgeflash.server.server import Server
@@ -81,7 +81,7 @@ class Handler(BaseHTTPRequestHandler):
             self._send_error(e)
         except ClientGone:
             self.close_connection = True
-        except (BrokenPipeError, ConnectionResetError, socket.timeout):
+        except (TimeoutError, BrokenPipeError, ConnectionResetError):
             self.close_connection = True
         except Exception as e:  # a bug must cost one request, not the server
             self.log_error("unexpected error: %r", e)
@@ -275,7 +275,7 @@ class Handler(BaseHTTPRequestHandler):
         try:
             self.wfile.write(b"%x\r\n%s\r\n" % (len(payload), payload))
             self.wfile.flush()
-        except (BrokenPipeError, ConnectionResetError, socket.timeout, OSError):
+        except (TimeoutError, BrokenPipeError, ConnectionResetError, OSError):
             raise ClientGone() from None
 
     def _send_json(self, status: int, body: dict[str, Any], headers: dict[str, str] | None = None) -> None:

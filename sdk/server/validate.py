@@ -7,8 +7,10 @@ that do not change the output (user, metadata, store...) are accepted and ignore
 
 from __future__ import annotations
 
+import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 from edgeflash.errors import UserError
 from edgeflash.server.config import ServerConfig
@@ -234,7 +236,7 @@ def _is_int(value: Any) -> bool:
 
 
 def _is_number(value: Any) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and value == value  # not NaN
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 
 def _number(body: dict[str, Any], name: str, default: Any, ok: Callable[[float], bool], expected: str) -> Any:

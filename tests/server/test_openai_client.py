@@ -4,7 +4,7 @@ output, streamed or not, and stay whole when several clients ask at once."""
 from __future__ import annotations
 
 import threading
-from functools import lru_cache
+from functools import cache
 
 import openai
 import pytest
@@ -24,7 +24,7 @@ def client(served):
 def expected(oracle):
     """Greedy answers from the in-process API, computed once per (kind, prompt, max_tokens, stop)."""
 
-    @lru_cache(maxsize=None)
+    @cache
     def answer(kind: str, prompt: str, max_tokens: int, stop: str | None = None):
         if kind == "chat":
             return oracle.chat(QUESTION, max_tokens, temperature=0.0, stop=stop)

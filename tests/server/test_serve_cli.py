@@ -89,7 +89,7 @@ def test_other_address_gets_a_loud_warning_and_stops_on_sigint():
         status, _, body = request(local, "GET", "/v1/models", headers={"Authorization": "Bearer s3cret"})
         assert status == 200
     finally:
-        code, out, err = stop(proc, signal.SIGINT)
+        code, _, err = stop(proc, signal.SIGINT)
     assert code == 0, err
     assert "WARNING: edgeflash serve is listening on 0.0.0.0" in err and "every network interface" in err
 
@@ -102,7 +102,7 @@ def test_other_address_gets_a_loud_warning_and_stops_on_sigint():
 ])
 def test_bad_flags_are_one_line_errors(args, fragment):
     proc = subprocess.run([sys.executable, "-m", "edgeflash.cli.main", "serve", "-m", "smollm2-135m", *args],
-                          capture_output=True, text=True, timeout=120)
+                          capture_output=True, text=True, check=False, timeout=120)
     assert proc.returncode == 2, proc.stderr
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and fragment in lines[0] and "Traceback" not in proc.stderr, proc.stderr
@@ -114,7 +114,7 @@ def test_port_in_use_is_a_one_line_error():
         taken.listen()
         port = taken.getsockname()[1]
         proc = subprocess.run([sys.executable, "-m", "edgeflash.cli.main", "serve", "-m", "smollm2-135m",
-                               "--port", str(port)], capture_output=True, text=True, timeout=120)
+                               "--port", str(port)], capture_output=True, text=True, check=False, timeout=120)
     assert proc.returncode == 2, proc.stderr
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and "already in use" in lines[0], proc.stderr
