@@ -12,6 +12,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from edgeflash.errors import IntegrityError, ModelFormatError, UserError
+from edgeflash.memory.io_profile import best_settings
 from edgeflash.memory.layout import WeightLayout, align_down, align_up, tensor_view_of, weight_layout
 from edgeflash.memory.planner import MemoryPlan, group_units, make_plan
 from edgeflash.runtime.native_engine import NativeEngine
@@ -67,11 +68,11 @@ def read_range(fd: int, path, offset: int, nbytes: int, out: np.ndarray | None =
 
 class BudgetedEngine(NativeEngine):
     def __init__(self, source: ModelSource, *, budget: int, strategy: str = "flash",
-                 fixed_costs: dict[str, int] | None = None, io_threads: int = 4, chunk_bytes: int = 512 * 1024,
-                 verify: bool = True, **options: Any):
+                 fixed_costs: dict[str, int] | None = None, io_threads: int | None = None,
+                 chunk_bytes: int | None = None, verify: bool = True, **options: Any):
         self.budget, self.strategy = budget, strategy
         self._fixed_costs = dict(fixed_costs or {})
-        self._io = (io_threads, chunk_bytes)
+        self._io = (io_threads, chunk_bytes)  # None: from `edgeflash probe-io`'s profile, else defaults
         self._verify = verify
         self._decode_bytes = 0
         self._decode_passes = 0
@@ -83,7 +84,11 @@ class BudgetedEngine(NativeEngine):
         mem = self._engine.memory()
         fixed = {"kv_cache": mem["kv_cache"], "activations": mem["activations"],
                  "logits": self._last_logits.nbytes, **self._fixed_costs}
-        self.plan = plan = make_plan(layout, spec, self.budget, self.strategy, fixed, *self._io)
+        measured_threads, measured_chunk, measured = best_settings(layout.path)
+        threads, chunk = self._io[0] or measured_threads, self._io[1] or measured_chunk
+        self.plan = plan = make_plan(layout, spec, self.budget, self.strategy, fixed, threads, chunk)
+        if not measured and self.strategy == "flash":
+            plan.notes.append("I/O settings are defaults; run `edgeflash probe-io` to measure this storage")
         self.layout = layout
         fd, direct = open_direct(layout.path)
         try:

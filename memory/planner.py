@@ -31,6 +31,27 @@ RUNTIME_RESERVE = 8 * 2**20
 MIN_HEAD_CHUNK = 1 * 2**20
 
 
+def kv_cache_bytes(spec: ModelSpec, context: int, max_batch: int = 64, kv_format: str = "f16") -> int:
+    """Bytes the native engine's KV cache takes (runtime/native/engine.cpp sizes it the same way):
+    per layer keys and values for `capacity` slots, plus the slot positions."""
+    row = spec.head_dim * 2 if kv_format == "f16" else spec.head_dim // 32 * 34
+    total = 0
+    for layer in range(spec.n_layers):
+        window = spec.window(layer)
+        capacity = min(context, window + max_batch) if window else context
+        total += 2 * spec.n_kv_heads * capacity * row + 4 * capacity
+    return total
+
+
+def default_context(spec: ModelSpec, budget: int, share: float = 0.25, cap: int = 4096, floor: int = 256) -> int:
+    """The longest context (a power of two, at most `cap` and the model's) whose KV cache takes at
+    most `share` of the budget; `floor` if none does (the planner then says what is missing)."""
+    context = min(cap, spec.context_length)
+    while context > floor and kv_cache_bytes(spec, context) > share * budget:
+        context //= 2
+    return max(min(floor, spec.context_length), context)
+
+
 class BudgetError(UserError):
     """The budget cannot hold even the minimum a run needs."""
 

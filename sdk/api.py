@@ -61,6 +61,10 @@ def _load_budgeted(path: Path, memory_budget: str | int, engine: str, threads: i
     before = current_rss_bytes()
     source = open_model(path, verify=False)  # checksums are verified with direct I/O while loading
     metadata = max(0, current_rss_bytes() - before)  # tokenizer and manifest: part of the budget
+    if context_length is None:
+        from edgeflash.memory.planner import default_context
+
+        context_length = default_context(source.spec, budget)
     engine_ = BudgetedEngine(source, budget=budget, strategy=strategy, fixed_costs={"tokenizer_and_manifest": metadata},
                              threads=threads, context_length=context_length, activations=activations)
     return source, engine_

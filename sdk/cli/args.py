@@ -52,7 +52,14 @@ def add_model_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("-c", "--context", type=positive_int, default=None, dest="context_length",
                    help="context length in tokens (default: the model's, capped by the engine)")
     p.add_argument("--memory-budget", default=None, metavar="SIZE",
-                   help="one byte budget for everything the model uses, e.g. 96MB or 1.5GiB")
+                   help="one byte budget for everything the model uses, e.g. 96MB or 1.5GiB; weights that "
+                        "do not fit are read from flash for every token")
+    p.add_argument("--strategy", choices=["flash", "hybrid", "naive"], default="flash",
+                   help="with --memory-budget: how weights stream (flash: planned residency, parallel "
+                        "reads, prefetch; hybrid/naive: baselines) (default: %(default)s)")
+    p.add_argument("--activations", choices=["q8x2", "q8", "f32"], default="q8x2",
+                   help="activation precision against quantized weights: q8x2 agrees with the reference, "
+                        "q8 is fastest (default: %(default)s)")
 
 
 def add_sampling_options(p: argparse.ArgumentParser) -> None:
@@ -75,4 +82,4 @@ def sampling_kwargs(args: argparse.Namespace) -> dict:
 
 def load_kwargs(args: argparse.Namespace) -> dict:
     return {"memory_budget": args.memory_budget, "threads": args.threads, "engine": args.engine,
-            "context_length": args.context_length}
+            "context_length": args.context_length, "strategy": args.strategy, "activations": args.activations}

@@ -54,6 +54,9 @@ def run(args: argparse.Namespace) -> int:
     t0 = time.perf_counter()
     model = ef.load(args.model, **load_kwargs(args))
     load_s = time.perf_counter() - t0
+    plan = getattr(model.engine, "plan", None)
+    if plan is not None and not args.json:
+        sys.stderr.write(plan.describe() + "\n")
     prompt_ids = model.chat_prompt([{"role": "user", "content": prompt}]) if args.chat else model.encode(prompt)
     generation = model.generation(prompt_ids, args.max_tokens, **sampling_kwargs(args))
     out = sys.stdout

@@ -1,0 +1,121 @@
+"""Budgeted runs: the plan, exact greedy output under every strategy, peak RSS inside the budget
+(measured by the OS in a fresh process), and faults while loaded."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+import edgeflash as ef
+from edgeflash.errors import ModelFormatError, UserError
+from edgeflash.memory.planner import BudgetError, kv_cache_bytes
+from edgeflash.memory.sizes import parse_size
+
+PROMPT = "The three most useful things to pack for a week of hiking are"
+
+
+@pytest.fixture(scope="module")
+def reference_tokens():
+    """Unbudgeted greedy output of each model: what every budgeted run must reproduce."""
+    return {alias: ef.load(alias).generate(PROMPT, max_tokens=24).tokens for alias in ("smollm2-135m", "gemma3-270m")}
+
+
+def test_sizes():
+    assert parse_size("96MB") == 96_000_000
+    assert parse_size("1.5GiB") == 3 * 2**29
+    assert parse_size(4096) == 4096
+    for bad in ("lots", "-5MB", "12 parsecs", 0):
+        with pytest.raises(UserError, match="memory budget"):
+            parse_size(bad)
+
+
+def test_kv_estimate_matches_engine():
+    for alias in ("smollm2-135m", "gemma3-270m"):
+        m = ef.load(alias, context_length=1000)
+        assert m.engine.stats()["kv_cache_bytes"] == kv_cache_bytes(m.spec, 1000)
+
+
+def test_infeasible_budget_is_refused_with_the_minimum():
+    with pytest.raises(BudgetError, match=r"at least [0-9.]+ MiB is needed"):
+        ef.load("smollm2-135m", memory_budget="20MB")
+
+
+def test_context_that_does_not_fit_is_refused():
+    with pytest.raises(BudgetError, match="kv_cache"):
+        ef.load("smollm2-135m", memory_budget="120MB", context_length=8192)
+
+
+@pytest.mark.parametrize("alias,fraction", [("smollm2-135m", 0.5), ("smollm2-135m", 0.25), ("gemma3-270m", 0.5),
+                                            ("gemma3-270m", 0.25)])
+@pytest.mark.parametrize("strategy", ["flash", "hybrid", "naive"])
+def test_exact_mode_greedy_equals_unbudgeted(alias, fraction, strategy, model_path, reference_tokens):
+    size = model_path(alias).stat().st_size
+    budget = max(int(size * fraction), 0) + 64 * 2**20  # the model's share plus room for fixed costs
+    m = ef.load(alias, memory_budget=budget, context_length=512, strategy=strategy)
+    r = m.generate(PROMPT, max_tokens=24)
+    assert r.tokens == reference_tokens[alias]
+    assert r.stats["flash_bytes_per_token"] > 0  # weights really streamed
+    assert r.stats["planned_bytes"] <= budget
+
+
+RSS_SCRIPT = textwrap.dedent("""
+    import json, sys
+    import edgeflash as ef
+    from edgeflash.memory.rss import current_rss_bytes, peak_rss_bytes, reset_peak_rss
+    alias, budget, strategy, tokens = sys.argv[1], int(sys.argv[2]), sys.argv[3], int(sys.argv[4])
+    reset_peak_rss()
+    before = current_rss_bytes()
+    m = ef.load(alias, memory_budget=budget, strategy=strategy)
+    r = m.generate("Once upon a time", max_tokens=tokens)
+    print(json.dumps({"peak_over_baseline": peak_rss_bytes() - before, "generated": r.stats["generated_tokens"],
+                      "planned": r.stats["planned_bytes"], "context": m.engine.context_length}))
+""")
+
+
+def run_rss(alias: str, budget: int, strategy: str = "flash", tokens: int = 32) -> dict:
+    proc = subprocess.run([sys.executable, "-c", RSS_SCRIPT, alias, str(budget), strategy, str(tokens)],
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.parametrize("alias,budget", [("smollm2-135m", "70MB"), ("smollm2-135m", "100MB"),
+                                          ("gemma3-270m", "96MB"), ("gemma3-270m", "160MB")])
+def test_peak_rss_stays_inside_the_budget(alias, budget, model_path):
+    b = parse_size(budget)
+    out = run_rss(alias, b)
+    print(alias, budget, out)
+    assert out["generated"] == 32
+    assert out["peak_over_baseline"] <= b
+    assert b < model_path(alias).stat().st_size  # far below the model: weights really stream
+
+
+def test_file_truncated_while_loaded(tmp_path, smollm_path):
+    copy = tmp_path / "model.gguf"
+    shutil.copy(smollm_path, copy)
+    m = ef.load(str(copy), memory_budget="80MB", context_length=256)
+    m.generate("Hello", max_tokens=2)
+    with open(copy, "r+b") as f:
+        f.truncate(copy.stat().st_size // 2)
+    with pytest.raises(ModelFormatError, match="changed size while loaded|truncated"):
+        m.generate("Hello again", max_tokens=2)
+
+
+def test_file_modified_while_loaded(tmp_path, smollm_path):
+    copy = tmp_path / "model.gguf"
+    shutil.copy(smollm_path, copy)
+    m = ef.load(str(copy), memory_budget="80MB", context_length=256)
+    m.generate("Hello", max_tokens=2)
+    with open(copy, "r+b") as f:
+        f.seek(copy.stat().st_size // 2)
+        f.write(b"\xff" * 64)
+        f.flush()
+        os.fsync(f.fileno())
+    with pytest.raises(ModelFormatError, match="modified while loaded"):
+        m.generate("Hello again", max_tokens=2)
