@@ -124,9 +124,24 @@ struct P_Q5_0 {
     e.template pair<P>(c, a, _mm_mul_ps(a, _mm_set1_ps(-16.0f)));
   }
   template <class E>
-  static inline void quad(const uint8_t* p, const RowCtx& ctx, E& e) {
-    pair<0>(p, ctx, e);
-    pair<1>(p + 44, ctx, e);
+  static inline void quad(const uint8_t* p, const RowCtx&, E& e) {
+    // The four blocks span 88 bytes: one full and one masked load (no byte past them is read),
+    // then word permutes gather the four scales and the four 32-bit high-bit masks.
+    const __m512i a = _mm512_loadu_si512(p);
+    const __m512i b = _mm512_maskz_loadu_epi8((1ull << 24) - 1, p + 64);
+    const __m512i d_idx = _mm512_zextsi128_si512(_mm_setr_epi16(0, 11, 22, 33, 0, 0, 0, 0));
+    const __m512i h_idx = _mm512_zextsi128_si512(_mm_setr_epi16(1, 2, 12, 13, 23, 24, 34, 35));
+    const __m128 d = _mm_cvtph_ps(_mm512_castsi512_si128(_mm512_permutex2var_epi16(a, d_idx, b)));
+    const __m128i qh = _mm512_castsi512_si128(_mm512_permutex2var_epi16(a, h_idx, b));
+    __m512i c01, c23;
+    quad_nibbles(p, 6, 22, &c01, &c23);
+    const __m512i b16 = _mm512_set1_epi8(0x10);
+    c01 = _mm512_or_si512(c01, _mm512_and_si512(_mm512_movm_epi8(static_cast<__mmask64>(_mm_cvtsi128_si64(qh))), b16));
+    c23 = _mm512_or_si512(c23, _mm512_and_si512(_mm512_movm_epi8(static_cast<__mmask64>(_mm_extract_epi64(qh, 1))), b16));
+    const __m128 m16 = _mm_set1_ps(-16.0f);
+    const __m128 a01 = _mm_unpacklo_ps(d, d), a23 = _mm_unpackhi_ps(d, d);
+    e.template pair<0>(c01, a01, _mm_mul_ps(a01, m16));
+    e.template pair<1>(c23, a23, _mm_mul_ps(a23, m16));
   }
 };
 
