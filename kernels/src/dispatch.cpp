@@ -9,6 +9,10 @@
 #if defined(__x86_64__) || defined(_M_X64)
 #include <cpuid.h>
 #define EF_ARCH_X86 1
+#elif defined(__aarch64__) && defined(__APPLE__)
+#include <sys/sysctl.h>
+#define EF_ARCH_ARM64 1
+#define EF_ARM64_APPLE 1
 #elif defined(__aarch64__)
 #include <sys/auxv.h>
 #define EF_ARCH_ARM64 1
@@ -56,6 +60,17 @@ CpuFeatures detect() {
     __cpuid_count(7, 1, a, b, c, d);
     if (a & (1u << 4) && os_avx) f.flags.push_back("avxvnni");
   }
+#elif defined(EF_ARM64_APPLE)
+  f.arch = "aarch64";
+  auto has = [](const char* key) {
+    int v = 0;
+    size_t n = sizeof(v);
+    return sysctlbyname(key, &v, &n, nullptr, 0) == 0 && v != 0;
+  };
+  f.flags.push_back("asimd");  // every Apple arm64 core has Advanced SIMD
+  if (has("hw.optional.arm.FEAT_FP16")) f.flags.push_back("asimdhp");
+  if (has("hw.optional.arm.FEAT_DotProd")) f.flags.push_back("asimddp");
+  if (has("hw.optional.arm.FEAT_I8MM")) f.flags.push_back("i8mm");
 #elif defined(EF_ARCH_ARM64)
   f.arch = "aarch64";
   const unsigned long hw = getauxval(AT_HWCAP), hw2 = getauxval(AT_HWCAP2);
