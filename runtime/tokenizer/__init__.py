@@ -1,4 +1,5 @@
-"""Tokenizers for the runtime: pure Python (stdlib + `regex`, `jinja2` for chat templates).
+"""Tokenizers for the runtime: pure Python (stdlib, numpy and `regex`; `jinja2` for chat
+templates), with the vocabulary held in compact arrays (see `vocab`).
 
     tok = Tokenizer.from_gguf_metadata(read_metadata("model.gguf"))
     tok = Tokenizer.from_tokenizer_json("model_dir/")        # or a tokenizer.json path / dict

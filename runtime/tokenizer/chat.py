@@ -9,7 +9,7 @@ that does not HTML-escape) and with `bos_token`, `eos_token`, `add_generation_pr
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime
 from functools import lru_cache
 from typing import TYPE_CHECKING, Any
@@ -20,12 +20,12 @@ if TYPE_CHECKING:
 CHAT_FORMATS = ("template", "gemma", "chatml", "plain")
 
 
-def detect_chat_format(chat_template: str | None, id_of: Mapping[str, int]) -> str:
+def detect_chat_format(chat_template: str | None, has_token: Callable[[str], bool]) -> str:
     if chat_template:
         return "template"
-    if "<start_of_turn>" in id_of and "<end_of_turn>" in id_of:
+    if has_token("<start_of_turn>") and has_token("<end_of_turn>"):
         return "gemma"
-    if "<|im_start|>" in id_of and "<|im_end|>" in id_of:
+    if has_token("<|im_start|>") and has_token("<|im_end|>"):
         return "chatml"
     return "plain"
 

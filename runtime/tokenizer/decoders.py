@@ -15,7 +15,7 @@ from collections.abc import Callable
 from typing import Any
 
 from .byte_level import unspell
-from .normalizers import string_or_regex
+from .normalizers import replacer, string_or_regex
 
 Piece = str | bytes
 
@@ -46,13 +46,11 @@ class Step:
 
 class Replace(Step):
     def __init__(self, spec: dict[str, Any], where: str) -> None:
-        self.pattern = string_or_regex(spec.get("pattern"), f"{where}.pattern")
-        self.content = spec.get("content")
-        if not isinstance(self.content, str):
-            raise ValueError(f"{where}.content = {self.content!r} is not a string")
-
-    def _apply(self, token: str) -> str:
-        return self.pattern.sub(lambda _: self.content, token)
+        pattern = string_or_regex(spec.get("pattern"), f"{where}.pattern")
+        content = spec.get("content")
+        if not isinstance(content, str):
+            raise ValueError(f"{where}.content = {content!r} is not a string")
+        self._apply: Callable[[str], str] = replacer(spec["pattern"], pattern, content)
 
     def decode(self, tokens: list[str]) -> list[str]:
         return [self._apply(token) for token in tokens]

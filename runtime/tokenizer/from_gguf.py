@@ -16,7 +16,7 @@ from __future__ import annotations
 from typing import Any
 
 from .byte_level import is_spelled, spell_bytes
-from .spec import SPEC_FORMAT, SPEC_VERSION
+from .spec import SPEC_FORMAT, SPEC_VERSION, is_merge_string
 from .special import END_OF_TURN_TOKENS
 
 TOKEN_TYPE_CONTROL = 3
@@ -133,12 +133,12 @@ def _llama_pipeline(meta: dict[str, Any], tokens: list[str]) -> tuple[list[str],
 
 def _byte_level_pipeline(meta: dict[str, Any], tokens: list[str]) -> tuple[list[str], dict[str, Any]]:
     vocab = [token if is_spelled(token) else spell_bytes(token) for token in tokens]
-    merges = []
-    for index, merge in enumerate(_require_list(meta, "tokenizer.ggml.merges")):
-        left, space, right = merge.partition(" ") if isinstance(merge, str) else ("", "", "")
-        if not space or not left or not right or " " in right:
+    # The "left right" strings go into the spec as they are: splitting tens of thousands of them
+    # into pairs here would only make short-lived objects.
+    merges = _require_list(meta, "tokenizer.ggml.merges")
+    for index, merge in enumerate(merges):
+        if not is_merge_string(merge):
             raise ValueError(f"GGUF field tokenizer.ggml.merges[{index}] = {merge!r} is not 'left right'")
-        merges.append([left, right])
     split = PRE_TOKENIZER_SPLITS.get(meta.get("tokenizer.ggml.pre"))
     if split is None:
         pre_tokenizer = {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True, "use_regex": True}
@@ -172,33 +172,38 @@ def spec_from_gguf(meta: dict[str, Any]) -> dict[str, Any]:
         raise ValueError(f"GGUF field tokenizer.ggml.token_type has {len(types)} entries; expected {count}")
 
     vocab, pipeline = (_llama_pipeline if kind == "llama" else _byte_level_pipeline)(meta, tokens)
-    id_of = {token: index for index, token in enumerate(vocab)}
     named = {
         name: _token_id(meta, f"tokenizer.ggml.{key}", count)
         for name, key in (("bos", "bos_token_id"), ("eos", "eos_token_id"), ("unk", "unknown_token_id"),
                           ("pad", "padding_token_id"))
     }
+    # Ids of the few texts looked up below; the last id wins, as in a dict built from the vocabulary.
+    # (No dict over the whole vocabulary: for 262k tokens it costs more than the tokenizer itself.)
+    added_types = (TOKEN_TYPE_CONTROL, TOKEN_TYPE_USER_DEFINED)
+    wanted = {token for token, token_type in zip(tokens, types) if token_type in added_types}
+    wanted.update(tokens[token_id] for token_id in named.values() if token_id is not None)
+    wanted.add("<unk>")
+    id_of = {token: index for index, token in enumerate(vocab) if token in wanted}
     unk_id = named["unk"]
     if kind == "llama":
         pipeline["model"]["unk_token"] = vocab[unk_id] if unk_id is not None else ("<unk>" if "<unk>" in id_of else None)
     else:
         pipeline["model"]["unk_token"] = None
 
+    flags = {"normalized": False, "lstrip": False, "rstrip": False, "single_word": False}
     added: dict[str, dict[str, Any]] = {}
     for token, token_type in zip(tokens, types):
-        if token not in id_of:
-            continue  # respelled (Gemma space runs): the reference cannot match it whole either
+        if token_type not in added_types or token not in id_of:
+            continue  # not added, or respelled (Gemma space runs): the reference cannot match it whole either
         if token_type == TOKEN_TYPE_CONTROL and (kind == "llama" or is_spelled(token)):
-            added[token] = {"id": id_of[token], "content": token, "special": True}
-        elif token_type == TOKEN_TYPE_USER_DEFINED:
-            added.setdefault(token, {"id": id_of[token], "content": token, "special": False})
+            added[token] = {"id": id_of[token], "content": token, "special": True, **flags}
+        elif token_type == TOKEN_TYPE_USER_DEFINED and token not in added:
+            added[token] = {"id": id_of[token], "content": token, "special": False, **flags}
     for token_id in named.values():
-        if token_id is not None and tokens[token_id] not in added and tokens[token_id] in id_of:
-            added[tokens[token_id]] = {"id": id_of[tokens[token_id]], "content": tokens[token_id], "special": True}
-    added_tokens = sorted(
-        ({**entry, "normalized": False, "lstrip": False, "rstrip": False, "single_word": False} for entry in added.values()),
-        key=lambda entry: entry["id"],
-    )
+        token = tokens[token_id] if token_id is not None else None
+        if token is not None and token not in added and token in id_of:
+            added[token] = {"id": id_of[token], "content": token, "special": True, **flags}
+    added_tokens = sorted(added.values(), key=lambda entry: entry["id"])
 
     add_bos = meta.get("tokenizer.ggml.add_bos_token")
     if add_bos is None:

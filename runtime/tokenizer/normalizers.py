@@ -15,18 +15,35 @@ import regex
 Normalizer = Callable[[str], str]
 
 
+def compile_pattern(pattern: str) -> regex.Pattern:
+    """A compiled regex that is not kept in the `regex` module's cache: a tokenizer is built
+    beside a model's metadata, and a cached copy would be a long-lived object made among the
+    metadata's objects (see `packing`). The tokenizer holds its patterns itself."""
+    return regex.compile(pattern, cache_pattern=False)
+
+
 def string_or_regex(pattern: Any, where: str) -> regex.Pattern:
     """A tokenizer.json pattern `{"String": s}` or `{"Regex": r}` as a compiled regex."""
     if isinstance(pattern, dict) and len(pattern) == 1:
         kind, value = next(iter(pattern.items()))
         if kind == "String" and isinstance(value, str):
-            return regex.compile(regex.escape(value))
+            return compile_pattern(regex.escape(value))
         if kind == "Regex" and isinstance(value, str):
             try:
-                return regex.compile(value)
+                return compile_pattern(value)
             except regex.error as error:
                 raise ValueError(f"{where}: regex {value!r} does not compile: {error}") from None
     raise ValueError(f"{where}: pattern {pattern!r} is not {{'String': ...}} or {{'Regex': ...}}")
+
+
+def replacer(pattern: Any, compiled: regex.Pattern, content: str) -> Callable[[str], str]:
+    """A function replacing every match of a tokenizer.json pattern (`compiled` is
+    `string_or_regex(pattern)`) by `content`. A plain string pattern uses str.replace, which
+    does the same as the escaped regex, faster."""
+    if isinstance(pattern, dict) and "String" in pattern:
+        literal = pattern["String"]
+        return lambda text: text.replace(literal, content)
+    return lambda text: compiled.sub(lambda _: content, text)
 
 
 def _field(spec: dict[str, Any], name: str, kind: type | tuple[type, ...], where: str) -> Any:
@@ -38,7 +55,7 @@ def _field(spec: dict[str, Any], name: str, kind: type | tuple[type, ...], where
 def _replace(spec: dict[str, Any], where: str) -> Normalizer:
     pattern = string_or_regex(spec.get("pattern"), f"{where}.pattern")
     content = _field(spec, "content", str, where)
-    return lambda text: pattern.sub(lambda _: content, text)
+    return replacer(spec["pattern"], pattern, content)
 
 
 def _prepend(spec: dict[str, Any], where: str) -> Normalizer:
@@ -48,7 +65,7 @@ def _prepend(spec: dict[str, Any], where: str) -> Normalizer:
 
 def _strip(spec: dict[str, Any], where: str) -> Normalizer:
     left, right = bool(spec.get("strip_left", True)), bool(spec.get("strip_right", True))
-    lead, trail = regex.compile(r"^\s+"), regex.compile(r"\s+$")
+    lead, trail = compile_pattern(r"^\s+"), compile_pattern(r"\s+$")
 
     def strip(text: str) -> str:
         if left:

@@ -13,7 +13,7 @@ from typing import Any
 import regex
 
 from .byte_level import spell_bytes
-from .normalizers import string_or_regex
+from .normalizers import compile_pattern, string_or_regex
 
 Piece = tuple[str, bool]
 PreTokenizer = Callable[[Piece], list[Piece]]
@@ -109,7 +109,7 @@ def _metaspace(spec: dict[str, Any], where: str) -> PreTokenizer:
     if scheme not in ("always", "first", "never"):
         raise ValueError(f"{where}.prepend_scheme = {scheme!r} is not 'always', 'first' or 'never'")
     split = bool(spec.get("split", True))
-    marker = regex.compile(regex.escape(replacement))
+    marker = compile_pattern(regex.escape(replacement))
 
     def run(piece: Piece) -> list[Piece]:
         text, at_start = piece
@@ -125,17 +125,17 @@ def _metaspace(spec: dict[str, Any], where: str) -> PreTokenizer:
 
 def _digits(spec: dict[str, Any], where: str) -> PreTokenizer:
     behavior = "Isolated" if spec.get("individual_digits", False) else "Contiguous"
-    digit = regex.compile(r"\p{N}")
+    digit = compile_pattern(r"\p{N}")
     return lambda piece: _cut(piece, _apply_behavior(_spans(piece[0], digit), behavior))
 
 
 def _whitespace(spec: dict[str, Any], where: str) -> PreTokenizer:
-    words = regex.compile(r"\w+|[^\w\s]+")
+    words = compile_pattern(r"\w+|[^\w\s]+")
     return lambda piece: _cut(piece, _apply_behavior(_spans(piece[0], words, invert=True), "Removed"))
 
 
 def _whitespace_split(spec: dict[str, Any], where: str) -> PreTokenizer:
-    spaces = regex.compile(r"\s+")
+    spaces = compile_pattern(r"\s+")
     return lambda piece: _cut(piece, _apply_behavior(_spans(piece[0], spaces), "Removed"))
 
 

@@ -7,7 +7,8 @@ needs neither file to tokenize. Pipeline steps (`normalizer`, `pre_tokenizer`, `
     format, version      "edgeflash.tokenizer", 1
     source               where it came from, for messages ("gguf:llama:gemma3", "tokenizer.json")
     model                {"type": "BPE", "vocab": [token or null by id], "merge_order":
-                          "merges" | "token_order" | "scores", "merges": [[left, right], ...] | null,
+                          "merges" | "token_order" | "scores", "merges": [[left, right] or "left right",
+                          ...] | null (the string form is GGUF's; neither piece holds a space),
                           "scores": [...] (for "scores"), "byte_fallback", "unk_token", "fuse_unk",
                           "ignore_merges"}
     added_tokens         [{"id", "content", "special", "normalized", "lstrip", "rstrip", "single_word"}]
@@ -53,3 +54,22 @@ def check_spec(spec: Any) -> dict[str, Any]:
     if spec["chat_template"] is not None and not isinstance(spec["chat_template"], str):
         raise ValueError("tokenizer spec field chat_template is neither a string nor null")
     return spec
+
+
+def is_merge_string(merge: Any) -> bool:
+    """Whether `merge` is a merge written as one "left right" string (GGUF's form)."""
+    if not isinstance(merge, str):
+        return False
+    left, space, right = merge.partition(" ")
+    return bool(space and left and right and " " not in right)
+
+
+def merge_pair(merge: Any, index: int) -> tuple[str, str]:
+    """(left, right) of model.merges[index], given as [left, right] or "left right"."""
+    if isinstance(merge, str):
+        if is_merge_string(merge):
+            left, _, right = merge.partition(" ")
+            return left, right
+    elif isinstance(merge, (list, tuple)) and len(merge) == 2 and all(isinstance(part, str) and part for part in merge):
+        return merge[0], merge[1]
+    raise ValueError(f"tokenizer spec field model.merges[{index}] = {merge!r:.80} is not [left, right] or 'left right'")
