@@ -80,7 +80,9 @@ void ffn_sparse(const NeuronArena& arena, const float* x, int64_t n_tok, const i
   const int threads = get_num_threads();
   const int64_t chunk = std::clamp<int64_t>((n_active + 2 * threads - 1) / (2 * threads), 8, kMaxChunk);
   const int64_t tasks = (n_active + chunk - 1) / chunk;
-  // Per-thread partial sums, owned by the calling thread; `used` marks the ones written.
+  // One partial sum per worker share, owned by the calling thread; `used` marks the ones written.
+  // Share k takes chunks k, k + threads, ...: a fixed grouping, so the sum is the same whichever
+  // thread runs which share (the approximate FFN thresholds its result: it must not jitter).
   thread_local std::vector<float> partial;
   thread_local std::vector<uint8_t> used;
   if (partial.size() < static_cast<size_t>(threads * n_tok * dm)) partial.resize(static_cast<size_t>(threads * n_tok * dm));
@@ -88,7 +90,7 @@ void ffn_sparse(const NeuronArena& arena, const float* x, int64_t n_tok, const i
   float* partial_base = partial.data();
   uint8_t* used_base = used.data();
 
-  ThreadPool::global().run(tasks, [&](int64_t task, int th) {
+  auto one_chunk = [&](int64_t task, int64_t th) {
     const int64_t s0 = task * chunk, cnt = std::min(n_active, s0 + chunk) - s0;
     float* part = partial_base + th * n_tok * dm;
     if (!used_base[th]) {
@@ -119,6 +121,9 @@ void ffn_sparse(const NeuronArena& arena, const float* x, int64_t n_tok, const i
     const uint8_t* rows[kMaxChunk];
     for (int64_t i = 0; i < n_live; ++i) rows[i] = arena.data + static_cast<size_t>(live[i]) * stride + rb_g + rb_u;
     kt.ffn_down[int(arena.down)].fn(rows, u, n_live, n_tok, dm, part, bsum);
+  };
+  ThreadPool::global().run(std::min<int64_t>(threads, tasks), [&](int64_t share, int) {
+    for (int64_t task = share; task < tasks; task += threads) one_chunk(task, share);
   });
   for (int th = 0; th < threads; ++th) {
     if (!used[th]) continue;
