@@ -14,6 +14,7 @@ import numpy as np
 from edgeflash.errors import IntegrityError, ModelFormatError, UserError
 from edgeflash.memory.io_profile import best_settings
 from edgeflash.memory.layout import WeightLayout, align_down, align_up, tensor_view_of, weight_layout
+from edgeflash.memory.approximate import ApproximateMode
 from edgeflash.memory.planner import MemoryPlan, group_units, make_plan
 from edgeflash.runtime.native_engine import NativeEngine
 from edgeflash.runtime.source import ModelSource
@@ -25,6 +26,7 @@ LAYER_TARGETS = {
     "attn_norm.weight": "attn_norm", "ffn_norm.weight": "ffn_norm", "post_attention_norm.weight": "post_attn_norm",
     "post_ffw_norm.weight": "post_ffn_norm", "attn_q_norm.weight": "q_norm", "attn_k_norm.weight": "k_norm",
     "attn_q.bias": "q_bias", "attn_k.bias": "k_bias", "attn_v.bias": "v_bias",
+    "predictor_a.weight": "pred_a", "predictor_b.weight": "pred_b",
 }
 
 
@@ -69,8 +71,10 @@ def read_range(fd: int, path, offset: int, nbytes: int, out: np.ndarray | None =
 class BudgetedEngine(NativeEngine):
     def __init__(self, source: ModelSource, *, budget: int, strategy: str = "flash",
                  fixed_costs: dict[str, int] | None = None, io_threads: int | None = None,
-                 chunk_bytes: int | None = None, verify: bool = True, **options: Any):
+                 chunk_bytes: int | None = None, verify: bool = True, sparsity: float | None = None,
+                 window: int = 4, head_shortlist: int | None = None, **options: Any):
         self.budget, self.strategy = budget, strategy
+        self.sparsity, self.window, self.head_shortlist = sparsity, window, head_shortlist
         self._fixed_costs = dict(fixed_costs or {})
         self._io = (io_threads, chunk_bytes)  # None: from `edgeflash probe-io`'s profile, else defaults
         self._verify = verify
@@ -86,10 +90,17 @@ class BudgetedEngine(NativeEngine):
                  "logits": self._last_logits.nbytes, **self._fixed_costs}
         measured_threads, measured_chunk, measured = best_settings(layout.path)
         threads, chunk = self._io[0] or measured_threads, self._io[1] or measured_chunk
-        self.plan = plan = make_plan(layout, spec, self.budget, self.strategy, fixed, threads, chunk)
+        self.layout = layout
+        approx = ApproximateMode.configure(self, layout) if (self.sparsity or self.head_shortlist) else None
+        self.approx = approx
+        if approx is None:  # exact mode never reads the sparse-mode predictors
+            skip = frozenset(g for g in layout.groups if g.endswith(".predictor"))
+            plan = make_plan(layout, spec, self.budget, self.strategy, fixed, threads, chunk, skip=skip)
+        else:
+            plan = approx.plan(fixed, threads, chunk)
+        self.plan = plan
         if not measured and self.strategy == "flash":
             plan.notes.append("I/O settings are defaults; run `edgeflash probe-io` to measure this storage")
-        self.layout = layout
         fd, direct = open_direct(layout.path)
         try:
             tensors = self._read_resident(fd, layout, plan)
@@ -99,6 +110,8 @@ class BudgetedEngine(NativeEngine):
             os.close(fd)
         if not direct:
             plan.notes.append(f"{layout.path.parent} does not support direct I/O: reads go through the page cache")
+        if approx is not None:
+            tensors.update(approx.resident_tensors())
         self._set_weights(tensors)
         units = self._stream_units(layout, plan)
         embedding = None
@@ -108,6 +121,8 @@ class BudgetedEngine(NativeEngine):
         try:
             self._engine.set_streaming(str(layout.path), direct, plan.io.threads, plan.io.chunk_bytes, units,
                                        plan.io.slots, plan.io.prefetch, embedding)
+            if approx is not None:
+                approx.install(self._engine)
         except (ValueError, RuntimeError) as e:
             raise UserError(f"{layout.path}: {e}") from None
         self.direct_io = direct
@@ -222,4 +237,6 @@ class BudgetedEngine(NativeEngine):
             "flash_bytes_per_token": (self._decode_bytes // self._decode_passes) if self._decode_passes else None,
             "prefetched_units": io["prefetched_units"], "units_read": io["units_read"], "direct_io": io["direct_io"],
         })
+        if self.approx is not None:
+            out.update(self.approx.stats(self._engine))
         return out

@@ -53,7 +53,7 @@ class WeightLayout:
     groups: dict[str, WeightGroup]
 
     def layer_groups(self, layer: int) -> list[WeightGroup]:
-        names = (f"layer.{layer}.attention", f"layer.{layer}.ffn", f"layer.{layer}")
+        names = (f"layer.{layer}.attention", f"layer.{layer}.ffn", f"layer.{layer}.predictor", f"layer.{layer}")
         return [self.groups[n] for n in names if n in self.groups]
 
 
@@ -77,6 +77,8 @@ def _group_of(name: str) -> tuple[str, int | None]:
             return f"layer.{layer}.attention", layer
         if rest.startswith(_FFN):
             return f"layer.{layer}.ffn", layer
+        if rest.startswith("predictor_"):
+            return f"layer.{layer}.predictor", layer
         return "globals", None
     if name == "token_embd.weight":
         return "embedding", None

@@ -105,7 +105,10 @@ class MemoryPlan:
 
 
 def make_plan(layout: WeightLayout, spec: ModelSpec, budget: int, strategy: str, fixed: dict[str, int],
-              io_threads: int = 4, chunk_bytes: int = 512 * 1024) -> MemoryPlan:
+              io_threads: int = 4, chunk_bytes: int = 512 * 1024, skip: frozenset[str] = frozenset(),
+              full_head: bool = True) -> MemoryPlan:
+    """`skip`: groups the run never reads per token (the dense FFN in sparse mode); `full_head`
+    False: an approximate head replaces the full one (its rows are a fixed cost)."""
     if strategy not in STRATEGIES:
         raise UserError(f"strategy = {strategy!r}: expected one of {', '.join(STRATEGIES)}")
     fixed = dict(fixed)
@@ -116,22 +119,26 @@ def make_plan(layout: WeightLayout, spec: ModelSpec, budget: int, strategy: str,
         if "globals" in groups else 0
     fixed["pinned_weights"] = pinned + globals_bytes
     head_name = "head" if "head" in groups else "embedding"  # a tied head is the embedding table
+    if not full_head:
+        head_name = None
 
     # Candidates in execution order: every layer's groups, then the head.
-    order = [g.name for i in range(spec.n_layers) for g in layout.layer_groups(i)] + [head_name]
-    if head_name == "head" and "embedding" in groups:
-        order.insert(0, "embedding")  # an untied table only serves rows: cheap to stream, last to keep
+    order = [g.name for i in range(spec.n_layers) for g in layout.layer_groups(i) if g.name not in skip]
+    if head_name:
+        order.append(head_name)
+    if head_name != "embedding" and "embedding" in groups:
+        order.insert(0, "embedding")  # a table that only serves rows: cheap to stream, last to keep
     flash = strategy == "flash"
     slots = 3 if flash else 1
     io = IoSettings(threads=io_threads if flash else 1, chunk_bytes=chunk_bytes, slots=slots, prefetch=flash)
 
     def layer_unit(i: int, resident: set[str]) -> int:
-        return sum(g.nbytes for g in layout.layer_groups(i) if g.name not in resident)
+        return sum(g.nbytes for g in layout.layer_groups(i) if g.name not in resident and g.name not in skip)
 
     def staging(resident: set[str]) -> tuple[int, int]:
         unit = max([layer_unit(i, resident) for i in range(spec.n_layers)] + [0])
         head_chunk = 0
-        if head_name not in resident:
+        if head_name and head_name not in resident:
             head_chunk = max(unit, MIN_HEAD_CHUNK)
             unit = max(unit, head_chunk)
         return unit * io.slots, head_chunk
@@ -155,10 +162,10 @@ def make_plan(layout: WeightLayout, spec: ModelSpec, budget: int, strategy: str,
             elif strategy == "hybrid":
                 break  # hybrid keeps a prefix of the execution order
     staging_bytes, head_chunk_bytes = staging(resident)
-    head = groups[head_name]
-    head_rows = spec.vocab_size
-    row_bytes = layout.locations[head.tensors[0]].nbytes // head_rows
-    head_chunk_rows = 0 if head_name in resident else max(1, min(head_rows, head_chunk_bytes // row_bytes - 2))
+    head_chunk_rows = 0
+    if head_name and head_name not in resident:
+        row_bytes = layout.locations[groups[head_name].tensors[0]].nbytes // spec.vocab_size
+        head_chunk_rows = max(1, min(spec.vocab_size, head_chunk_bytes // row_bytes - 2))
     streamed = [n for n in order if n not in resident]
     per_pass = sum(groups[n].nbytes for n in streamed if n != "embedding")
     plan = MemoryPlan(budget=budget, strategy=strategy, fixed=fixed, resident=[n for n in order if n in resident],

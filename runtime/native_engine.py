@@ -21,7 +21,8 @@ KERNEL_FORMATS = ("f32", "f16", "q8_0", "q4_0", "q4_1", "q5_0", "q4_k", "q6_k", 
 DEFAULT_CONTEXT = 4096  # KV cache positions when the caller does not say (the model may allow more)
 
 _MATRICES = {"q": "attn_q.weight", "k": "attn_k.weight", "v": "attn_v.weight", "o": "attn_output.weight",
-             "gate": "ffn_gate.weight", "up": "ffn_up.weight", "down": "ffn_down.weight"}
+             "gate": "ffn_gate.weight", "up": "ffn_up.weight", "down": "ffn_down.weight",
+             "pred_a": "predictor_a.weight", "pred_b": "predictor_b.weight"}  # predictors: sparse mode only
 _VECTORS = {"attn_norm": "attn_norm.weight", "ffn_norm": "ffn_norm.weight",
             "post_attn_norm": "post_attention_norm.weight", "post_ffn_norm": "post_ffw_norm.weight",
             "q_norm": "attn_q_norm.weight", "k_norm": "attn_k_norm.weight",

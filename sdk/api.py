@@ -17,13 +17,17 @@ ENGINES = ("auto", "native", "reference")
 
 def load(model: str | Path = "default", *, memory_budget: str | int | None = None, threads: int = 2,
          engine: str = "auto", context_length: int | None = None, strategy: str = "flash",
-         activations: str = "q8x2") -> Model:
+         activations: str = "q8x2", sparsity: float | None = None, window: int = 4,
+         head_shortlist: int | None = None) -> Model:
     """Open a GGUF file, a Hugging Face directory, a bundle or a model alias ("default").
 
     memory_budget: one byte budget ("96MB", "1.5GiB" or bytes) for everything loading and running
     the model allocates; weights that do not fit are read from flash for every token.
     strategy: how a budgeted run streams ("flash", "hybrid" or "naive"; see edgeflash.memory.planner).
-    activations: "q8x2" (default, agrees with the reference), "q8" (fastest) or "f32"."""
+    activations: "q8x2" (default, agrees with the reference), "q8" (fastest) or "f32".
+    sparsity, window, head_shortlist: approximate mode of a budgeted bundle (edgeflash.memory.approximate):
+    the FFN reads only predicted-active neurons through a cache of the last `window` tokens' neurons,
+    and the head computes only the `head_shortlist` most frequent tokens. Off (exact) by default."""
     if engine not in ENGINES:
         raise UserError(f"engine = {engine!r}: expected one of {', '.join(ENGINES)}")
     if threads < 1:
@@ -33,10 +37,14 @@ def load(model: str | Path = "default", *, memory_budget: str | int | None = Non
     if activations not in ("q8x2", "q8", "f32"):
         raise UserError(f"activations = {activations!r}: expected q8x2, q8 or f32")
     path = resolve_model(model)
+    approximate = {"sparsity": sparsity, "window": window, "head_shortlist": head_shortlist}
     if memory_budget is None:
+        if sparsity is not None or head_shortlist is not None:
+            raise UserError("sparsity and head_shortlist are modes of a budgeted run: give memory_budget too")
         source = open_model(path)
         return Model(source, _make_engine(source, engine, threads, context_length, activations))
-    return Model(*_load_budgeted(path, memory_budget, engine, threads, context_length, strategy, activations))
+    return Model(*_load_budgeted(path, memory_budget, engine, threads, context_length, strategy, activations,
+                                 approximate))
 
 
 def _make_engine(source: ModelSource, engine: str, threads: int, context_length: int | None, activations: str):
@@ -50,7 +58,7 @@ def _make_engine(source: ModelSource, engine: str, threads: int, context_length:
 
 
 def _load_budgeted(path: Path, memory_budget: str | int, engine: str, threads: int, context_length: int | None,
-                   strategy: str, activations: str):
+                   strategy: str, activations: str, approximate: dict):
     from edgeflash.memory.budgeted import BudgetedEngine
     from edgeflash.memory.rss import current_rss_bytes
     from edgeflash.memory.sizes import parse_size
@@ -66,7 +74,7 @@ def _load_budgeted(path: Path, memory_budget: str | int, engine: str, threads: i
 
         context_length = default_context(source.spec, budget)
     engine_ = BudgetedEngine(source, budget=budget, strategy=strategy, fixed_costs={"tokenizer_and_manifest": metadata},
-                             threads=threads, context_length=context_length, activations=activations)
+                             threads=threads, context_length=context_length, activations=activations, **approximate)
     return source, engine_
 
 

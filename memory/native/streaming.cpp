@@ -156,14 +156,14 @@ const engine::LayerWeights& StreamingWeights::acquire(int64_t layer) {
   const InFlight& f = wait_front(u);
   current_ = resident_->at(layer);
   const uint8_t* base = slots_[f.slot].data();
-  WeightMatrix* matrices[] = {&current_.q, &current_.k, &current_.v, &current_.o,
-                              &current_.gate, &current_.up, &current_.down};
+  WeightMatrix* matrices[] = {&current_.q, &current_.k, &current_.v, &current_.o, &current_.gate,
+                              &current_.up, &current_.down, &current_.pred_a, &current_.pred_b};
   const float** vectors[] = {&current_.attn_norm, &current_.ffn_norm, &current_.post_attn_norm,
                              &current_.post_ffn_norm, &current_.q_norm, &current_.k_norm,
                              &current_.q_bias, &current_.k_bias, &current_.v_bias};
   for (const StreamedTensor& t : units_[u].tensors) {
     const uint8_t* p = base + t.offset;
-    if (t.target <= kDown) {
+    if (t.target <= kPredB) {
       *matrices[t.target] = WeightMatrix{p, static_cast<size_t>(t.rows) * row_bytes(t.fmt, t.cols), t.fmt, t.rows,
                                          t.cols, 0};
     } else if (t.target < kTargetCount) {

@@ -23,7 +23,7 @@ struct StreamedTensor {
 };
 
 enum LayerTarget : int {
-  kQ = 0, kK, kV, kO, kGate, kUp, kDown,
+  kQ = 0, kK, kV, kO, kGate, kUp, kDown, kPredA, kPredB,
   kAttnNorm, kFfnNorm, kPostAttnNorm, kPostFfnNorm, kQNorm, kKNorm, kQBias, kKBias, kVBias, kTargetCount
 };
 

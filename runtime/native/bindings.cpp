@@ -14,6 +14,7 @@
 #include <string>
 
 #include "engine.h"
+#include "neuron_cache.h"
 #include "streaming.h"
 
 namespace nb = nanobind;
@@ -107,6 +108,13 @@ class PyEngine {
     engine_->set_head(matrix(raw, fmt, rows, cols));
   }
 
+  void set_head_shortlist(const In& raw, const std::string& fmt, const In& ids) {
+    const int64_t k = static_cast<int64_t>(ids.size());
+    const int32_t* p = typed<int32_t>(ids, static_cast<size_t>(k), "ids");
+    keep_.push_back(ids);
+    engine_->set_head_shortlist(matrix(raw, fmt, k, engine_->shape().d_model), std::vector<int32_t>(p, p + k));
+  }
+
   void set_output_norm(const In& w) {
     keep_.push_back(w);
     engine_->set_output_norm(typed<float>(w, engine_->shape().d_model, "output_norm"));
@@ -121,6 +129,7 @@ class PyEngine {
         {"v", {{kd, s.d_model}, memory::kV}}, {"o", {{s.d_model, qd}, memory::kO}},
         {"gate", {{s.d_ff, s.d_model}, memory::kGate}}, {"up", {{s.d_ff, s.d_model}, memory::kUp}},
         {"down", {{s.d_model, s.d_ff}, memory::kDown}},
+        {"pred_a", {{-1, s.d_model}, memory::kPredA}}, {"pred_b", {{s.d_ff, -1}, memory::kPredB}},
         {"attn_norm", {{s.d_model, 1}, memory::kAttnNorm}}, {"ffn_norm", {{s.d_model, 1}, memory::kFfnNorm}},
         {"post_attn_norm", {{s.d_model, 1}, memory::kPostAttnNorm}},
         {"post_ffn_norm", {{s.d_model, 1}, memory::kPostFfnNorm}},
@@ -135,13 +144,13 @@ class PyEngine {
   void set_matrix(int64_t layer, const std::string& name, const In& raw, const std::string& fmt, int64_t rows,
                   int64_t cols) {
     const auto [dims, target] = layer_tensor(name);
-    if (target > memory::kDown) throw KernelError("'" + name + "' is a vector, not a matrix");
+    if (target > memory::kPredB) throw KernelError("'" + name + "' is a vector, not a matrix");
     check_dims(rows, dims.first, cols, dims.second, name.c_str());
     LayerWeights& w = layer_at(layer);
     WeightMatrix m = matrix(raw, fmt, rows, cols);
-    WeightMatrix* slot[] = {&w.q, &w.k, &w.v, &w.o, &w.gate, &w.up, &w.down};
-    const char* names[] = {"q", "k", "v", "o", "gate", "up", "down"};
-    for (int i = 0; i < 7; ++i)
+    WeightMatrix* slot[] = {&w.q, &w.k, &w.v, &w.o, &w.gate, &w.up, &w.down, &w.pred_a, &w.pred_b};
+    const char* names[] = {"q", "k", "v", "o", "gate", "up", "down", "pred_a", "pred_b"};
+    for (int i = 0; i < 9; ++i)
       if (name == names[i]) *slot[i] = m;
   }
 
@@ -221,7 +230,7 @@ class PyEngine {
             throw KernelError("head chunk rows or columns do not fit the model");
         }
         const size_t need = static_cast<size_t>(st.rows) * row_bytes(st.fmt, st.cols);
-        if (st.target > memory::kDown && st.fmt != Format::f32) throw KernelError("streamed vectors must be f32");
+        if (st.target > memory::kPredB && st.fmt != Format::f32) throw KernelError("streamed vectors must be f32");
         if (st.offset % 4 || st.offset + need > unit_bytes)
           throw KernelError("streamed tensor '" + target + "' lies outside its unit's bytes");
         u.tensors.push_back(st);
@@ -241,6 +250,55 @@ class PyEngine {
                                                                format_named(nb::cast<std::string>(e["fmt"])), rows, cols);
       engine_->set_embedding_source(embedding_.get());
     }
+  }
+
+  // Approximate feed-forward for every layer: per layer {"arena_offset", "stride", "order" (slot ->
+  // neuron), "pred_threshold", "gate_threshold"}; bundles of `formats` (gate, up, down). The
+  // predictors are layer tensors ("pred_a", "pred_b"). Needs set_streaming first (its reader).
+  void set_sparse_ffn(const std::vector<nb::dict>& layers, const std::vector<std::string>& formats, int64_t capacity,
+                      int64_t window) {
+    const ModelShape& s = engine_->shape();
+    if (!reader_) throw KernelError("set_sparse_ffn needs set_streaming first");
+    if (static_cast<int64_t>(layers.size()) != s.n_layers) throw KernelError("one sparse spec per layer is needed");
+    if (formats.size() != 3) throw KernelError("formats must be [gate, up, down]");
+    std::vector<memory::SparseLayerSpec> specs;
+    for (const nb::dict& d : layers) {
+      memory::SparseLayerSpec l;
+      l.arena_offset = nb::cast<int64_t>(d["arena_offset"]);
+      l.stride = nb::cast<size_t>(d["stride"]);
+      const std::vector<int32_t> order = nb::cast<std::vector<int32_t>>(d["order"]);
+      l.n_neurons = static_cast<int64_t>(order.size());
+      if (l.n_neurons != s.d_ff) throw KernelError("the arena must hold d_ff neurons");
+      l.file_slot_of_neuron.assign(order.size(), -1);
+      for (size_t j = 0; j < order.size(); ++j) {
+        if (order[j] < 0 || order[j] >= l.n_neurons || l.file_slot_of_neuron[order[j]] >= 0)
+          throw KernelError("arena order is not a permutation of the neurons");
+        l.file_slot_of_neuron[order[j]] = static_cast<int32_t>(j);
+      }
+      l.pred_threshold = nb::cast<float>(d["pred_threshold"]);
+      l.gate_threshold = nb::cast<float>(d["gate_threshold"]);
+      specs.push_back(std::move(l));
+    }
+    sparse_ = std::make_unique<memory::NeuronCacheFfn>(reader_, std::move(specs), s.d_model, format_named(formats[0]),
+                                                       format_named(formats[1]), format_named(formats[2]), s.act,
+                                                       capacity, window);
+    engine_->set_ffn_hook(sparse_.get());
+  }
+
+  nb::dict neuron_stats() const {
+    nb::dict d;
+    if (!sparse_) return d;
+    const memory::NeuronCacheStats st = sparse_->stats();
+    d["lookups"] = st.lookups;
+    d["hits"] = st.hits;
+    d["loaded"] = st.loaded;
+    d["evicted"] = st.evicted;
+    d["bytes_read"] = st.bytes_read;
+    d["predicted"] = st.predicted;
+    d["tokens"] = st.tokens;
+    d["passes"] = st.passes;
+    d["cache_bytes"] = sparse_->cache_bytes();
+    return d;
   }
 
   nb::dict io_stats() const {
@@ -276,8 +334,11 @@ class PyEngine {
     return layers_.at(layer);
   }
 
+  // want_* of -1: any positive size (a predictor's rank).
   static void check_dims(int64_t rows, int64_t want_rows, int64_t cols, int64_t want_cols, const char* what) {
-    if (rows != want_rows || cols != want_cols)
+    const bool rows_ok = want_rows < 0 ? rows > 0 : rows == want_rows;
+    const bool cols_ok = want_cols < 0 ? cols > 0 : cols == want_cols;
+    if (!rows_ok || !cols_ok)
       throw KernelError(std::string(what) + " is " + std::to_string(rows) + " x " + std::to_string(cols) +
                         ", the model needs " + std::to_string(want_rows) + " x " + std::to_string(want_cols));
   }
@@ -286,6 +347,7 @@ class PyEngine {
   std::shared_ptr<memory::DirectReader> reader_;
   std::unique_ptr<memory::StreamingWeights> streaming_;
   std::unique_ptr<memory::StreamedEmbedding> embedding_;
+  std::unique_ptr<memory::NeuronCacheFfn> sparse_;
   std::unique_ptr<Engine> engine_;  // declared last: destroyed first, before what it reads
   std::vector<In> keep_;  // every array the engine reads stays alive with it
 };
@@ -319,6 +381,7 @@ void register_engine(nb::module_& m) {
       .def("set_embedding", &PyEngine::set_embedding)
       .def("set_head", &PyEngine::set_head)
       .def("set_output_norm", &PyEngine::set_output_norm)
+      .def("set_head_shortlist", &PyEngine::set_head_shortlist)
       .def("set_matrix", &PyEngine::set_matrix)
       .def("set_vector", &PyEngine::set_vector)
       .def("forward", &PyEngine::forward, nb::arg("tokens"), nb::arg("positions"), nb::arg("tree_mask").none(),
@@ -327,6 +390,9 @@ void register_engine(nb::module_& m) {
            nb::arg("chunk_bytes"), nb::arg("units"), nb::arg("slots"), nb::arg("prefetch"),
            nb::arg("embedding").none())
       .def("io_stats", &PyEngine::io_stats)
+      .def("set_sparse_ffn", &PyEngine::set_sparse_ffn, nb::arg("layers"), nb::arg("formats"), nb::arg("capacity"),
+           nb::arg("window"))
+      .def("neuron_stats", &PyEngine::neuron_stats)
       .def("commit", &PyEngine::commit)
       .def("truncate", &PyEngine::truncate)
       .def_prop_ro("committed", &PyEngine::committed)

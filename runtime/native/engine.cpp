@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <limits>
 #include <string>
 
 namespace ef::engine {
@@ -114,8 +115,12 @@ void Engine::check_layer(int64_t layer, const LayerWeights& w) const {
   const ModelShape& s = shape_;
   const std::pair<const WeightMatrix*, const char*> matrices[] = {
       {&w.q, "q"}, {&w.k, "k"}, {&w.v, "v"}, {&w.o, "o"}, {&w.gate, "gate"}, {&w.up, "up"}, {&w.down, "down"}};
-  for (const auto& [m, name] : matrices)
-    if (!m->data) throw engine_error("layer " + std::to_string(layer) + " has no " + name + " weights");
+  const bool sparse_ffn = ffn_hook_ && ffn_hook_->active(layer);
+  for (const auto& [m, name] : matrices) {
+    const bool ffn_matrix = m == &w.gate || m == &w.up || m == &w.down;
+    if (!m->data && !(ffn_matrix && sparse_ffn))
+      throw engine_error("layer " + std::to_string(layer) + " has no " + name + " weights");
+  }
   const bool missing_norm = !w.attn_norm || !w.ffn_norm || (s.qk_norm && (!w.q_norm || !w.k_norm)) ||
                             (s.sandwich_norm && (!w.post_attn_norm || !w.post_ffn_norm));
   if (missing_norm) throw engine_error("layer " + std::to_string(layer) + " is missing a norm weight");
@@ -170,10 +175,15 @@ void Engine::run_block(int64_t layer, const LayerWeights& w, int64_t n, const in
 
   // Feed-forward: gate and up share one quantization of norm(x).
   rms_norm(x, w.ffn_norm, h, n, d, s.norm_eps);
-  linear(w.gate, h, xq_, false, n, gate_.data());
-  linear(w.up, h, xq_, true, n, up_.data());
-  gated_act(gate_.data(), up_.data(), gate_.data(), n * s.d_ff, s.act);
-  linear(w.down, gate_.data(), xq_, false, n, h);
+  if (ffn_hook_ && ffn_hook_->active(layer)) {
+    ffn_hook_->compute(layer, w, h, n, sel_.data());  // sel_ is free until the logits
+    std::memcpy(h, sel_.data(), static_cast<size_t>(n * d) * sizeof(float));
+  } else {
+    linear(w.gate, h, xq_, false, n, gate_.data());
+    linear(w.up, h, xq_, true, n, up_.data());
+    gated_act(gate_.data(), up_.data(), gate_.data(), n * s.d_ff, s.act);
+    linear(w.down, gate_.data(), xq_, false, n, h);
+  }
   if (s.sandwich_norm) rms_norm(h, w.post_ffn_norm, h, n, d, s.norm_eps);
   add_into(x, h, n * d);
 }
@@ -239,7 +249,26 @@ void Engine::forward(const int32_t* tokens, const int32_t* positions, int64_t n,
   }
 }
 
+void Engine::set_head_shortlist(const WeightMatrix& rows, std::vector<int32_t> ids) {
+  if (rows.rows != static_cast<int64_t>(ids.size()) || rows.cols != shape_.d_model)
+    throw engine_error("a shortlist head needs one d_model row per token id");
+  for (int32_t id : ids)
+    if (id < 0 || id >= shape_.vocab) throw engine_error("shortlist token id out of range");
+  head_ = rows;
+  head_ids_ = std::move(ids);
+  head_source_ = nullptr;
+}
+
 void Engine::compute_logits(int64_t m, float* logits) {
+  if (!head_ids_.empty()) {
+    const int64_t k = static_cast<int64_t>(head_ids_.size());
+    head_part_.resize(static_cast<size_t>(m * k));
+    linear(head_, sel_.data(), xq_, false, m, head_part_.data());
+    std::fill(logits, logits + m * shape_.vocab, -std::numeric_limits<float>::infinity());
+    for (int64_t t = 0; t < m; ++t)
+      for (int64_t i = 0; i < k; ++i) logits[t * shape_.vocab + head_ids_[i]] = head_part_[t * k + i];
+    return;
+  }
   if (!head_source_) {
     linear(head_, sel_.data(), xq_, false, m, logits);
     return;

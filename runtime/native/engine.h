@@ -36,6 +36,7 @@ struct LayerShape {
 // Everything one block reads. Vectors (norms, biases) are f32; null when the model has none.
 struct LayerWeights {
   WeightMatrix q, k, v, o, gate, up, down;
+  WeightMatrix pred_a, pred_b;  // sparse mode's neuron predictor: [rank, d_model], [d_ff, rank]
   const float* attn_norm = nullptr;
   const float* ffn_norm = nullptr;
   const float* post_attn_norm = nullptr;
@@ -89,6 +90,16 @@ class HeadSource {
   virtual void release_chunk(int64_t chunk) {}
 };
 
+// A replacement for a layer's dense feed-forward (approximate mode: only predicted-active neurons,
+// from a windowed neuron cache). `active(layer)` says whether it handles that layer.
+class FfnHook {
+ public:
+  virtual ~FfnHook() = default;
+  virtual bool active(int64_t layer) const = 0;
+  // x: [n, d_model] the normed FFN input; out: [n, d_model] the FFN output (before post-norm).
+  virtual void compute(int64_t layer, const LayerWeights& w, const float* x, int64_t n, float* out) = 0;
+};
+
 // Where embedding rows come from when the table is not resident (read on demand).
 class EmbeddingSource {
  public:
@@ -115,10 +126,13 @@ class Engine {
 
   void set_embedding(const WeightMatrix& table) { embed_ = table; }
   void set_head(const WeightMatrix& head) { head_ = head; }
+  // Approximate head: `head` holds only the rows of these token ids; every other logit is -inf.
+  void set_head_shortlist(const WeightMatrix& rows, std::vector<int32_t> ids);
   void set_output_norm(const float* w) { out_norm_ = w; }
   void set_layer_source(LayerSource* source) { source_ = source; }
   void set_head_source(HeadSource* source) { head_source_ = source; }        // null = the resident head
   void set_embedding_source(EmbeddingSource* source) { embed_source_ = source; }  // null = resident table
+  void set_ffn_hook(FfnHook* hook) { ffn_hook_ = hook; }  // null = dense FFN everywhere
 
   // Run `n` new tokens (n <= max_batch). positions[j] is token j's position; tree_mask (n x n,
   // nonzero = token i may attend to new token j) is null for a plain sequence. New keys/values
@@ -161,10 +175,12 @@ class Engine {
   std::vector<LayerShape> layer_shapes_;
   EngineOptions options_;
   WeightMatrix embed_{}, head_{};
+  std::vector<int32_t> head_ids_;  // non-empty: head_ holds just these vocabulary rows
   const float* out_norm_ = nullptr;
   LayerSource* source_ = nullptr;
   HeadSource* head_source_ = nullptr;
   EmbeddingSource* embed_source_ = nullptr;
+  FfnHook* ffn_hook_ = nullptr;
 
   std::vector<LayerCache> caches_;
   int64_t committed_ = 0;       // positions 0..committed_-1 are in the cache

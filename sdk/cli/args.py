@@ -57,6 +57,13 @@ def add_model_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--strategy", choices=["flash", "hybrid", "naive"], default="flash",
                    help="with --memory-budget: how weights stream (flash: planned residency, parallel "
                         "reads, prefetch; hybrid/naive: baselines) (default: %(default)s)")
+    p.add_argument("--sparsity", type=float, default=None, metavar="S",
+                   help="with --memory-budget and a bundle: approximate FFN that reads only predicted-active "
+                        "neurons at this calibrated sparsity (e.g. 0.5); its quality cost is in the bundle's report")
+    p.add_argument("--window", type=non_negative_int, default=4, metavar="K",
+                   help="with --sparsity: keep the neurons of the last K tokens cached (default: %(default)s)")
+    p.add_argument("--head-shortlist", type=positive_int, default=None, metavar="N",
+                   help="with --memory-budget and a bundle: approximate head over the N most frequent tokens")
     p.add_argument("--activations", choices=["q8x2", "q8", "f32"], default="q8x2",
                    help="activation precision against quantized weights: q8x2 agrees with the reference, "
                         "q8 is fastest (default: %(default)s)")
@@ -82,4 +89,5 @@ def sampling_kwargs(args: argparse.Namespace) -> dict:
 
 def load_kwargs(args: argparse.Namespace) -> dict:
     return {"memory_budget": args.memory_budget, "threads": args.threads, "engine": args.engine,
-            "context_length": args.context_length, "strategy": args.strategy, "activations": args.activations}
+            "context_length": args.context_length, "strategy": args.strategy, "activations": args.activations,
+            "sparsity": args.sparsity, "window": args.window, "head_shortlist": args.head_shortlist}

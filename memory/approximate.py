@@ -1,0 +1,221 @@
+"""Approximate mode of a budgeted run: opt-in, with a measured quality cost.
+
+- Sparse FFN (`sparsity`): per layer the bundle's low-rank predictor picks the neurons a token
+  will activate; only their bundles (gate row, up row, down column) are read, into a windowed
+  neuron cache that keeps the union of the last `window` tokens' neurons; the sparse kernel skips
+  any whose gate falls under the calibrated threshold. The dense FFN is never read.
+- Shortlist head (`head_shortlist`): only the rows of the most frequent calibration tokens are
+  kept (resident); every other logit is -inf. Its top-1 agreement with the full head is measured
+  by `benchmarks/memory/` and reported in docs/memory-budget.md.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from edgeflash.errors import UserError
+from edgeflash.memory.layout import WeightLayout, align_down, align_up, tensor_view_of
+from edgeflash.memory.planner import BudgetError, MemoryPlan, make_plan
+
+if TYPE_CHECKING:
+    from edgeflash.memory.budgeted import BudgetedEngine
+
+MIN_CAPACITY = 32  # neurons per layer: below this the cache only thrashes
+READ_CHUNK = 4 << 20
+BOUNCE_BYTES = 1 << 20  # memory/native/neuron_cache.cpp's read buffer
+
+
+class ApproximateMode:
+    def __init__(self, engine: BudgetedEngine, layout: WeightLayout):
+        self.engine, self.layout = engine, layout
+        self.source = source = engine.source
+        self.spec = source.spec
+        self.bundle = source.info["bundle"]
+        self.calibration = source.info["manifest"].get("calibration") or {}
+        self.sparsity, self.window, self.shortlist = engine.sparsity, engine.window, engine.head_shortlist
+        self.capacity = 0
+
+    @classmethod
+    def configure(cls, engine: BudgetedEngine, layout: WeightLayout) -> ApproximateMode:
+        if engine.source.kind != "bundle":
+            raise UserError(f"{engine.source.path}: --sparsity and --head-shortlist need a bundle made by "
+                            "`edgeflash export` (it holds the neuron arenas, predictors and token counts)")
+        mode = cls(engine, layout)
+        mode._check()
+        return mode
+
+    # -- what the bundle must provide -------------------------------------------------------------
+
+    def _check(self) -> None:
+        where = self.source.path
+        if self.sparsity is not None:
+            targets = self.calibration.get("sparsity", {}).get("targets", [])
+            match = [k for k, t in enumerate(targets) if abs(t - self.sparsity) < 1e-6]
+            if not match:
+                raise UserError(f"--sparsity {self.sparsity}: {where} was calibrated for {targets or 'no sparsity'}; "
+                                "export with --sparsity to add a level")
+            self.level = match[0]
+            if not self.calibration.get("predictors"):
+                raise UserError(f"{where}: sparse mode needs the bundle's neuron predictors (export with "
+                                "--predictor-rank 32 or more)")
+            for layer in range(self.spec.n_layers):
+                for block in (f"layer.{layer}.neurons", f"layer.{layer}.predictor"):
+                    if block not in self.bundle.blocks:
+                        raise UserError(f"{where}: sparse mode needs block {block}, which this bundle lacks")
+            if self.window < 0:
+                raise UserError(f"window = {self.window}: expected an integer >= 0")
+        if self.shortlist is not None:
+            ids = self.calibration.get("token_frequencies", {}).get("ids", [])
+            if self.shortlist < 1 or not ids:
+                raise UserError(f"--head-shortlist {self.shortlist}: {where} has {len(ids)} counted tokens; "
+                                "expected a positive size and a bundle exported with --top-tokens")
+            self.ids = np.asarray(ids[:self.shortlist], dtype=np.int32)
+
+    # -- planning ---------------------------------------------------------------------------------
+
+    def _arena(self, layer: int):
+        return self.bundle.arena_block(layer).arena
+
+    def _bundle_bytes(self) -> int:
+        from edgeflash.kernels import bundle_bytes
+
+        parts = {p.name: p.fmt for p in self._arena(0).parts}
+        return bundle_bytes(self.spec.d_model, parts["gate"], parts["up"], parts["down"])
+
+    def _ffn_norms(self) -> list[str]:
+        suffixes = ("ffn_norm.weight", "post_ffw_norm.weight")
+        return [f"blk.{i}.{s}" for i in range(self.spec.n_layers) for s in suffixes
+                if f"blk.{i}.{s}" in self.source.tensors]
+
+    def _head_tensor(self) -> str:
+        return "token_embd.weight" if self.spec.tied_embeddings else "output.weight"
+
+    def fixed_costs(self, capacity: int) -> dict[str, int]:
+        spec, out = self.spec, {}
+        if self.sparsity is not None:
+            out["neuron_caches"] = spec.n_layers * capacity * self._bundle_bytes() + BOUNCE_BYTES
+            out["ffn_norms"] = sum(align_up(self.source.tensors[n].nbytes) for n in self._ffn_norms())
+        if self.shortlist is not None:
+            head = self.source.tensors[self._head_tensor()]
+            out["head_shortlist"] = len(self.ids) * (head.nbytes // head.rows) + READ_CHUNK
+        return out
+
+    def plan(self, fixed: dict[str, int], threads: int, chunk: int) -> MemoryPlan:
+        """The largest neuron cache (up to what the window needs) that leaves a feasible plan."""
+        n = self.spec.n_layers
+        skip = frozenset(f"layer.{i}.ffn" if self.sparsity is not None else f"layer.{i}.predictor" for i in range(n))
+        target = self.spec.d_ff
+        if self.sparsity is not None:
+            active = max(self.calibration["predictors"].get("predicted_active") or [1.0])
+            # The union over a window of k tokens grows with k; a quarter of the active set per token is typical.
+            target = min(self.spec.d_ff, math.ceil(active * self.spec.d_ff * (1 + 0.25 * self.window)))
+        capacity, error = target, None
+        while True:
+            try:
+                plan = make_plan(self.layout, self.spec, self.engine.budget, self.engine.strategy,
+                                 {**fixed, **self.fixed_costs(capacity)}, threads, chunk, skip=skip,
+                                 full_head=self.shortlist is None)
+                break
+            except BudgetError as e:
+                error = e
+                if self.sparsity is None or capacity <= MIN_CAPACITY:
+                    raise error from None
+                capacity = max(MIN_CAPACITY, capacity * 3 // 4)
+        self.capacity = capacity
+        if self.sparsity is not None:
+            plan.notes.append(f"sparse FFN at {self.sparsity:.0%} sparsity: neuron cache of {capacity} of "
+                              f"{self.spec.d_ff} neurons per layer, window {self.window} tokens")
+        if self.shortlist is not None:
+            plan.notes.append(f"approximate head: {len(self.ids)} most frequent tokens of {self.spec.vocab_size}")
+        return plan
+
+    # -- loading ----------------------------------------------------------------------------------
+
+    def resident_tensors(self) -> dict[str, Any]:
+        """FFN norms (sparse mode reads no FFN block), read once with direct I/O."""
+        from edgeflash.memory.budgeted import open_direct, read_range
+
+        out = {}
+        if self.sparsity is None:
+            return out
+        fd, _ = open_direct(self.layout.path)
+        try:
+            for name in self._ffn_norms():
+                loc = self.layout.locations[name]
+                start = align_down(loc.offset)
+                buf = read_range(fd, self.layout.path, start, align_up(loc.offset + loc.nbytes) - start)
+                out[name] = tensor_view_of(self.source.tensors[name], buf, loc.offset - start)
+        finally:
+            os.close(fd)
+        return out
+
+    def _shortlist_rows(self) -> np.ndarray:
+        """The shortlisted head rows, read in one sequential pass over the head tensor."""
+        from edgeflash.memory.budgeted import aligned_empty, open_direct, read_range
+
+        name = self._head_tensor()
+        t, loc = self.source.tensors[name], self.layout.locations[name]
+        row_bytes = loc.nbytes // t.rows
+        out = np.empty((len(self.ids), row_bytes), dtype=np.uint8)
+        order = np.argsort(self.ids)
+        rows_per_read = max(1, (READ_CHUNK - 2 * 4096) // row_bytes)
+        scratch = aligned_empty(READ_CHUNK)
+        fd, _ = open_direct(self.layout.path)
+        try:
+            k = 0
+            for r0 in range(0, t.rows, rows_per_read):
+                r1 = min(t.rows, r0 + rows_per_read)
+                if k >= len(order) or self.ids[order[k]] >= r1:
+                    continue
+                begin = loc.offset + r0 * row_bytes
+                start = align_down(begin)
+                buf = read_range(fd, self.layout.path, start, align_up(loc.offset + r1 * row_bytes) - start, scratch)
+                while k < len(order) and self.ids[order[k]] < r1:
+                    row = int(self.ids[order[k]])
+                    at = begin - start + (row - r0) * row_bytes
+                    out[order[k]] = buf[at:at + row_bytes]
+                    k += 1
+        finally:
+            os.close(fd)
+        return out
+
+    def install(self, native: Any) -> None:
+        if self.sparsity is not None:
+            cal, spec = self.calibration, self.spec
+            targets = cal["sparsity"]["targets"]
+            mid = min(range(len(targets)), key=lambda k: abs(targets[k] - cal["predictors"].get("sparsity", targets[k])))
+            layers = []
+            for layer in range(spec.n_layers):
+                arena = self._arena(layer)
+                block = self.bundle.arena_block(layer)
+                act = cal["sparsity"]["act_threshold"][layer]
+                # The predictor's threshold was fitted at the middle level; scale it like the true thresholds.
+                scale = act[self.level] / act[mid] if act[mid] > 0 else 1.0
+                layers.append({
+                    "arena_offset": block.offset + arena.offset, "stride": arena.stride,
+                    "order": [int(v) for v in arena.order],
+                    "pred_threshold": float(cal["predictors"]["threshold"][layer]) * scale,
+                    "gate_threshold": float(cal["sparsity"]["gate_threshold"][layer][self.level]),
+                })
+            parts = {p.name: p.fmt for p in self._arena(0).parts}
+            native.set_sparse_ffn(layers, [parts["gate"], parts["up"], parts["down"]], self.capacity, self.window)
+        if self.shortlist is not None:
+            head = self.source.tensors[self._head_tensor()]
+            native.set_head_shortlist(self._shortlist_rows(), head.fmt, self.ids)
+
+    def stats(self, native: Any) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        if self.sparsity is not None:
+            n = native.neuron_stats()
+            out.update({"sparsity": self.sparsity, "window": self.window, "neuron_cache_capacity": self.capacity,
+                        "neuron_cache_hit_rate": round(n["hits"] / n["lookups"], 4) if n["lookups"] else None,
+                        "neuron_bytes_read": n["bytes_read"], "neurons_loaded": n["loaded"],
+                        "predicted_active_fraction": round(n["predicted"] / max(1, n["passes"])
+                                                           / self.spec.d_ff / self.spec.n_layers, 4)})
+        if self.shortlist is not None:
+            out["head_shortlist"] = len(self.ids)
+        return out

@@ -1,0 +1,73 @@
+// Approximate feed-forward from flash: per layer a low-rank predictor guesses which FFN neurons a
+// token activates; those neurons' bundles (gate row, up row, down column: contiguous in the
+// bundle's arena) are kept in a windowed cache - the union of neurons used by the last k tokens
+// stays, new ones are appended, stale ones leave by swap-with-last - and the sparse kernel
+// computes only them, skipping any whose gate falls under the calibrated threshold.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "direct_reader.h"
+#include "engine.h"
+
+namespace ef::memory {
+
+struct SparseLayerSpec {
+  int64_t arena_offset = 0;  // absolute file offset of arena slot 0
+  size_t stride = 0;         // bytes per neuron bundle in the file
+  int64_t n_neurons = 0;
+  std::vector<int32_t> file_slot_of_neuron;  // neuron id -> arena slot in the file
+  float pred_threshold = 0.0f;  // neuron predicted active when |act(B A x)| > this
+  float gate_threshold = 0.0f;  // the kernel skips a neuron when |gate . x| < this (0: never)
+};
+
+struct NeuronCacheStats {
+  uint64_t lookups = 0, hits = 0, loaded = 0, evicted = 0, bytes_read = 0, predicted = 0, tokens = 0, passes = 0;
+};
+
+class NeuronCacheFfn : public engine::FfnHook {
+ public:
+  NeuronCacheFfn(std::shared_ptr<DirectReader> reader, std::vector<SparseLayerSpec> layers, int64_t d_model,
+                 Format gate, Format up, Format down, Activation act, int64_t capacity, int64_t window);
+
+  bool active(int64_t layer) const override { return layer >= 0 && layer < static_cast<int64_t>(layers_.size()); }
+  void compute(int64_t layer, const engine::LayerWeights& w, const float* x, int64_t n, float* out) override;
+
+  NeuronCacheStats stats() const { return stats_; }
+  size_t cache_bytes() const;
+
+ private:
+  struct Cache {
+    AlignedBuffer arena;              // capacity x bundle bytes
+    std::vector<int32_t> neuron_of;   // cache slot -> neuron
+    std::vector<int32_t> slot_of;     // neuron -> cache slot or -1
+    std::vector<uint64_t> last_used;  // cache slot -> token step it was last needed
+    int64_t used = 0;
+  };
+
+  void predict(const SparseLayerSpec& spec, const engine::LayerWeights& w, const float* x, int64_t n,
+               std::vector<int32_t>* active);
+  void evict_stale(Cache& c);
+  void evict_slot(Cache& c, int64_t slot);
+  void load(const SparseLayerSpec& spec, Cache& c, const std::vector<int32_t>& neurons);
+
+  std::shared_ptr<DirectReader> reader_;
+  std::vector<SparseLayerSpec> layers_;
+  std::vector<Cache> caches_;
+  int64_t d_model_;
+  Format gate_, up_, down_;
+  Activation act_;
+  size_t bundle_;  // bytes of one bundle in the cache (no file padding)
+  int64_t capacity_, window_;
+  uint64_t step_ = 0;  // one step per forward pass (counted at layer 0)
+  std::vector<float> t_, p_, partial_, thresholds_;
+  std::vector<int32_t> active_, missing_, slots_;
+  std::vector<uint32_t> mark_;  // neuron -> stamp of the round that needs it
+  uint32_t stamp_ = 0;
+  AlignedBuffer bounce_;
+  NeuronCacheStats stats_;
+};
+
+}  // namespace ef::memory
