@@ -99,9 +99,10 @@ def _round(a: np.ndarray) -> list[list[float]]:
 
 def calibrate(source: ModelSource, windows: list[list[int]], *, text_source: str, window_tokens: int,
               sparsity_targets: list[float], frequency_ids: list[int], top_tokens: int = 8192,
-              predictor_rank: int = 0, predictor_recall: float = 0.9, progress: bool = True) -> Calibration:
+              predictor_rank: int = 0, predictor_recall: float = 0.9, progress: bool = True,
+              threads: int = 1) -> Calibration:
     spec = source.spec
-    ops = RecordingOps(spec.n_layers, keep_ffn_inputs=predictor_rank > 0)
+    ops = RecordingOps(spec.n_layers, keep_ffn_inputs=predictor_rank > 0, threads=threads)
     head = head_tensor(source)
     for ids in bar(windows, "calibrate: forward", progress, unit="window"):
         hidden = final_hidden(source, ops, ids)

@@ -15,6 +15,7 @@ import numpy as np
 import torch
 
 from edgeflash.export.quant.methods import dequantize_matrix
+from edgeflash.export.threads import LARGE_PRODUCT_MACS, blas_threads
 from edgeflash.runtime.reference.ops import NumpyOps
 from edgeflash.runtime.tensors import Tensor
 
@@ -31,12 +32,21 @@ def activation(g: np.ndarray, kind: str) -> np.ndarray:
 class FastOps(NumpyOps):
     """NumpyOps with native dequantization and torch for the gated activation and attention.
 
-    `shared` lets several op sets over the same tensors share one cache of dequantized weights."""
+    `shared` lets several op sets over the same tensors share one cache of dequantized weights;
+    `threads` is how many BLAS threads large matrix products may use (see export/threads.py)."""
 
-    def __init__(self, shared: FastOps | None = None):
+    def __init__(self, shared: FastOps | None = None, threads: int = 1):
         super().__init__()
+        self.threads = threads
         if shared is not None:
             self._dense = shared._dense
+            self.threads = shared.threads
+
+    def linear(self, x: np.ndarray, w: Tensor, bias: Tensor | None = None) -> np.ndarray:
+        if self.threads > 1 and x.size // x.shape[-1] * w.rows * w.cols >= LARGE_PRODUCT_MACS:
+            with blas_threads(self.threads):
+                return super().linear(x, w, bias)
+        return super().linear(x, w, bias)
 
     def weight(self, t: Tensor) -> np.ndarray:
         key = id(t)
@@ -76,8 +86,8 @@ class RecordingOps(FastOps):
     """FastOps that also records, per weight tensor, sum(x^2) over the tokens that multiplied it,
     and per layer the FFN gate pre-activations (and optionally the FFN inputs)."""
 
-    def __init__(self, n_layers: int, keep_ffn_inputs: bool = False):
-        super().__init__()
+    def __init__(self, n_layers: int, keep_ffn_inputs: bool = False, threads: int = 1):
+        super().__init__(threads=threads)
         self.sumsq: dict[str, np.ndarray] = {}
         self.count: dict[str, int] = {}
         self.gate_pre: list[list[np.ndarray]] = [[] for _ in range(n_layers)]  # float16 [T, d_ff] pieces
@@ -112,8 +122,8 @@ class SparseFFNOps(FastOps):
     """Gated FFN with activation sparsity: act(gate) entries with |act| <= threshold[layer] are
     zeroed (CATS). The layer is known from the gate projection that ran just before `gated`."""
 
-    def __init__(self, thresholds: list[float], shared: FastOps | None = None):
-        super().__init__(shared)
+    def __init__(self, thresholds: list[float], shared: FastOps | None = None, threads: int = 1):
+        super().__init__(shared, threads)
         self.thresholds = thresholds
         self._layer: int | None = None
         self.kept = 0  # neuron activations kept / seen, to report the sparsity reached

@@ -25,6 +25,7 @@ from edgeflash.export.quant.config import QuantConfig
 from edgeflash.export.quant.schemes import get_scheme
 from edgeflash.export.quantize import QuantizedTensor, quantize_model, quantized_source
 from edgeflash.export.text import token_windows
+from edgeflash.export.threads import export_threads
 from edgeflash.export.writer import check_output, layout, write_bundle
 from edgeflash.runtime.bundle.layout import FORMAT_VERSION, MAGIC
 from edgeflash.runtime.source import ModelSource
@@ -39,23 +40,25 @@ class ExportOptions:
     calibration: str | Path | None = None  # text file; default: the shakespeare calibration split
     calibration_tokens: int = 2048
     eval_tokens: int = 1024  # 0 = no evaluation (the report then has no perplexities)
+    sparsity_eval_tokens: int = 512  # held-out tokens (the first windows) for each sparsity level
     window_tokens: int = 512
     sparsity: Sequence[float] = DEFAULT_SPARSITY
     neuron_arena: bool = True
     predictor_rank: int = 64  # 0 = no predictors
     top_tokens: int = 8192
-    frequency_chars: int = 1_000_000  # calibration text counted for token frequencies
+    frequency_chars: int = 500_000  # calibration text counted for token frequencies
     group_size: int | None = None
     baseline: bool = True  # also evaluate the round-to-nearest baseline of a calibrated scheme
     overwrite: bool = False
     progress: bool = True
+    threads: int = 2  # CPU threads for large matrix products
 
     def check(self) -> None:
-        for name in ("calibration_tokens", "window_tokens", "top_tokens", "frequency_chars"):
+        for name in ("calibration_tokens", "window_tokens", "top_tokens", "frequency_chars", "threads"):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise UserError(f"{name} = {value!r}: expected an integer >= 1")
-        for name in ("eval_tokens", "predictor_rank"):
+        for name in ("eval_tokens", "sparsity_eval_tokens", "predictor_rank"):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 0:
                 raise UserError(f"{name} = {value!r}: expected an integer >= 0")
@@ -95,7 +98,12 @@ def export(source: Any, out_dir: str | Path, quant: str | QuantConfig = "q4_0", 
     out = Path(out_dir).expanduser()
     qconfig = resolve_config(opts.quant, opts.group_size)
     check_output(out, opts.overwrite)
+    with export_threads():
+        return _run(source, out, qconfig, opts, config, tokenizer)
 
+
+def _run(source: Any, out: Path, qconfig: QuantConfig, opts: ExportOptions, config: Any, tokenizer: Any
+         ) -> ExportResult:
     timings: dict[str, float] = {}  # wall seconds per stage
     cpu_timings: dict[str, float] = {}  # CPU seconds of this process (all threads) per stage
     clock, cpu_clock = time.perf_counter(), time.process_time()
@@ -122,7 +130,7 @@ def export(source: Any, out_dir: str | Path, quant: str | QuantConfig = "q4_0", 
     freq_ids = model.tokenizer.encode(calib_text[:opts.frequency_chars], add_bos=False)
     calibration = calibrate(model, windows, text_source=calib_name, window_tokens=opts.window_tokens,
                             sparsity_targets=list(opts.sparsity), frequency_ids=freq_ids, top_tokens=opts.top_tokens,
-                            predictor_rank=opts.predictor_rank, progress=opts.progress)
+                            predictor_rank=opts.predictor_rank, progress=opts.progress, threads=opts.threads)
     lap("calibrate")
 
     quantized = quantize_model(model, qconfig, calibration.importance, opts.progress)
@@ -193,22 +201,23 @@ def _evaluate(model: ModelSource, quantized: dict[str, QuantizedTensor], qconfig
     report: dict[str, Any] = {"eval": {"text": f"held-out shakespeare plays ({', '.join(HELDOUT_PLAYS)})",
                                        "tokens": sum(len(w) - 1 for w in windows), "windows": len(windows),
                                        "window_tokens": opts.window_tokens}}
-    ops = FastOps()
+    ops = FastOps(threads=opts.threads)
     ref = perplexity(model, windows, ops, "evaluate: source", opts.progress)
     ops.release()
     exact = all(q.sqnr_db is None for q in quantized.values())
     exported_model = quantized_source(model, quantized)
-    ops = FastOps()
+    ops = FastOps(threads=opts.threads)
     exp = ref if exact else perplexity(exported_model, windows, ops, "evaluate: exported", opts.progress)
     report["perplexity"] = {"source": round(ref.perplexity, 4), "exported": round(exp.perplexity, 4),
                             "delta_pct": delta_pct(exp.perplexity, ref.perplexity), "identical_weights": exact}
     thresholds = {s: calibration.threshold_for(s) for s in calibration.sparsity_targets}
-    report["sparsity"] = sparse_perplexities(exported_model, windows, thresholds, exp, ops, opts.progress)
+    n_sparse = _windows_for(windows, opts.sparsity_eval_tokens)
+    report["sparsity"] = sparse_perplexities(exported_model, windows[:n_sparse], thresholds, exp, ops, opts.progress)
     ops.release()
     baseline = qconfig.rtn_baseline() if opts.baseline else None
     if baseline is not None:
         base_q = quantize_model(model, baseline, None, opts.progress, desc="quantize: round-to-nearest baseline")
-        base_ops = FastOps()
+        base_ops = FastOps(threads=opts.threads)
         base = perplexity(quantized_source(model, base_q), windows, base_ops, "evaluate: baseline", opts.progress)
         base_ops.release()
         report["baseline"] = {"scheme": baseline.scheme, "description": baseline.description,
@@ -223,6 +232,16 @@ def _evaluate(model: ModelSource, quantized: dict[str, QuantizedTensor], qconfig
                                 "mean_precision": round(sum(p.precision for p in ps) / len(ps), 4),
                                 "mean_predicted_active": round(sum(p.predicted_active for p in ps) / len(ps), 4)}
     return report
+
+
+def _windows_for(windows: list[list[int]], tokens: int) -> int:
+    """How many leading windows cover `tokens` scored tokens (at least one)."""
+    total = 0
+    for i, w in enumerate(windows):
+        total += len(w) - 1
+        if total >= tokens:
+            return i + 1
+    return len(windows)
 
 
 def _sizes(blocks) -> tuple[dict[str, int], int]:

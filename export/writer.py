@@ -116,6 +116,8 @@ def check_output(out: Path, overwrite: bool) -> None:
     existing = parent
     while not existing.exists():
         existing = existing.parent
+    if os.statvfs(existing).f_flag & os.ST_RDONLY:
+        raise OutputError(f"{existing}: read-only file system (cannot create {out} there)")
     if not os.access(existing, os.W_OK | os.X_OK):
         raise OutputError(f"{existing}: permission denied (cannot create {out} there)")
 
@@ -177,7 +179,7 @@ def _write_weights(path: Path, placed: list[_Placed], on_progress: Callable[[int
                 nonlocal crc, written
                 for start in range(0, len(data), _WRITE_CHUNK):
                     piece = data[start:start + _WRITE_CHUNK]
-                    _write_all(fd, piece)
+                    _write_all(fd, piece, path)
                     crc = zlib.crc32(piece, crc)
                     if on_progress:
                         on_progress(len(piece))
@@ -211,16 +213,20 @@ def _write_weights(path: Path, placed: list[_Placed], on_progress: Callable[[int
     return block_table, tensor_table
 
 
-def _write_all(fd: int, data: memoryview) -> None:
-    while len(data):
-        n = os.write(fd, data)
-        data = data[n:]
+def _write_all(fd: int, data: memoryview, path: Path) -> None:
+    try:
+        while len(data):
+            n = os.write(fd, data)
+            data = data[n:]
+    except OSError as e:
+        e.filename = e.filename or str(path)  # name the file in the one-line error
+        raise
 
 
 def _write_file(path: Path, data: bytes) -> None:
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
     try:
-        _write_all(fd, memoryview(data))
+        _write_all(fd, memoryview(data), path)
         os.fsync(fd)
     finally:
         os.close(fd)
@@ -252,7 +258,7 @@ def _describe_os_error(e: OSError, out: Path) -> str:
     if e.errno == errno.EDQUOT:
         return f"{where}: disk quota exceeded while writing the bundle for {out}"
     if e.errno == errno.EFBIG:
-        return f"{where}: file too large for this file system or process limit while writing {out}"
+        return f"{where}: file too large (file system or process file-size limit) while writing the bundle for {out}"
     if e.errno in (errno.EACCES, errno.EPERM):
         return f"{where}: permission denied (cannot write the bundle {out})"
     if e.errno == errno.EROFS:

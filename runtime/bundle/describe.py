@@ -103,8 +103,9 @@ def render_report(report: dict[str, Any], tensors: bool = False) -> list[str]:
                          f"{'yes' if base['weight_bytes'] == base['calibrated_weight_bytes'] else 'no'} "
                          f"({_mib(base['weight_bytes'])} vs {_mib(base['calibrated_weight_bytes'])})")
         for s in report.get("sparsity", []):
-            lines.append(f"    {'sparsity ' + format(s['target'], '.0%') + ' (reached ' + format(s['measured'], '.1%') + ')':<34}"
-                         f" {s['perplexity']:>10.3f}  {s['delta_pct']:+.2f}% vs exported")
+            label = f"sparsity {s['target']:.0%} (reached {s['measured']:.1%})"
+            lines.append(f"    {label:<34} {s['perplexity']:>10.3f}  {s['delta_pct']:+.2f}% vs exported "
+                         f"({s.get('dense_perplexity', '?')} on the first {s.get('tokens', '?')} tokens)")
     else:
         lines.append("  (no perplexity evaluation)")
     sizes = report.get("size_by_role")

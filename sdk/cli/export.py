@@ -52,6 +52,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--calibration-tokens", type=positive_int, default=2048, help="default: %(default)s")
     p.add_argument("--eval-tokens", type=non_negative_int, default=1024,
                    help="held-out tokens for perplexity; 0 skips evaluation (default: %(default)s)")
+    p.add_argument("--sparsity-eval-tokens", type=positive_int, default=512,
+                   help="held-out tokens (first windows) for each sparsity level's perplexity (default: %(default)s)")
     p.add_argument("--window", type=positive_int, default=512, dest="window_tokens",
                    help="tokens per calibration/evaluation window (default: %(default)s)")
     p.add_argument("--sparsity", type=_fractions, default=[0.3, 0.5, 0.7],
@@ -64,6 +66,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    help="most frequent calibration tokens stored for self-drafting (default: %(default)s)")
     p.add_argument("--no-baseline", action="store_false", dest="baseline",
                    help="skip the round-to-nearest baseline perplexity of calibrated schemes")
+    p.add_argument("-t", "--threads", type=positive_int, default=2,
+                   help="CPU threads for large matrix products (default: %(default)s)")
     p.add_argument("-f", "--force", action="store_true", help="replace an existing bundle at OUT")
     p.add_argument("--quiet", action="store_true", help="no progress bars")
     p.add_argument("--tensors", action="store_true", help="list every tensor's format and SQNR in the report")
@@ -85,10 +89,11 @@ def run(args: argparse.Namespace) -> int:
             raise UserError(f"{args.quant_config}: cannot read the quant config ({e.strerror})") from None
     result = export(args.source, args.output, quant=quant, target=args.target,
                     calibration=args.calibration, calibration_tokens=args.calibration_tokens,
-                    eval_tokens=args.eval_tokens, window_tokens=args.window_tokens, sparsity=args.sparsity,
+                    eval_tokens=args.eval_tokens, sparsity_eval_tokens=args.sparsity_eval_tokens,
+                    window_tokens=args.window_tokens, sparsity=args.sparsity,
                     neuron_arena=args.neuron_arena, predictor_rank=args.predictor_rank,
                     top_tokens=args.top_tokens, group_size=args.group_size, baseline=args.baseline,
-                    overwrite=args.force, progress=not args.quiet)
+                    overwrite=args.force, progress=not args.quiet, threads=args.threads)
     out = sys.stdout
     out.write(render(result.manifest, blocks=False, tensors=args.tensors) + "\n")
     out.write(f"wrote {result.path}\n")

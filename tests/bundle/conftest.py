@@ -12,20 +12,16 @@ FAST = {"calibration_tokens": 128, "window_tokens": 64, "eval_tokens": 64, "pred
 
 
 @pytest.fixture(scope="session")
-def tiny_tokenizer_dir(tmp_path_factory, smollm_path):
-    from tiny_models import save_tokenizer
-
-    out = tmp_path_factory.mktemp("tiny-tokenizer")
-    return out, save_tokenizer(smollm_path, out)
-
-
-@pytest.fixture(scope="session")
-def tiny_model(tmp_path_factory, tiny_tokenizer_dir):
+def tiny_model(tmp_path_factory, smollm_path):
+    """(random 3-layer Llama with SmolLM2's vocabulary, SmolLM2's tokenizer read from its GGUF)."""
     from tiny_models import build_tiny_model
 
-    tok_dir, vocab = tiny_tokenizer_dir
-    model = build_tiny_model("llama-gqa-untied", tok_dir, vocab, tmp_path_factory.mktemp("tiny-llama"))
-    return model, tok_dir
+    from edgeflash.export.sources.torch_module import resolve_tokenizer
+
+    tok = resolve_tokenizer(smollm_path)
+    no_files = tmp_path_factory.mktemp("no-tokenizer-files")  # the bundle gets `tok`, not HF files
+    model = build_tiny_model("llama-gqa-untied", no_files, tok.vocab_size, tmp_path_factory.mktemp("tiny-llama"))
+    return model, tok
 
 
 @pytest.fixture(scope="session")
@@ -33,9 +29,9 @@ def tiny_bundle_dir(tmp_path_factory, tiny_model) -> Path:
     """A q4_0 bundle with every block kind a llama has (arenas, predictors, untied head)."""
     from edgeflash.export import export
 
-    model, tok_dir = tiny_model
+    model, tok = tiny_model
     out = tmp_path_factory.mktemp("bundles") / "tiny-q4_0"
-    export(model, out, quant="q4_0", config=model.config, tokenizer=tok_dir, **FAST)
+    export(model, out, quant="q4_0", config=model.config, tokenizer=tok, **FAST)
     return out
 
 

@@ -26,7 +26,7 @@ def smol_calibration(smol):
     windows = token_windows(smol.tokenizer, text, CALIBRATION_TOKENS, WINDOW, "calibration")
     return calibrate(smol, windows, text_source="test", window_tokens=WINDOW, sparsity_targets=[0.3, 0.5, 0.7],
                      frequency_ids=smol.tokenizer.encode(text[:100_000], add_bos=False), top_tokens=512,
-                     predictor_rank=16, progress=False)
+                     predictor_rank=0, progress=False)
 
 
 @pytest.fixture(scope="session")

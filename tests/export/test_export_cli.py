@@ -19,8 +19,9 @@ from edgeflash.errors import ModelFormatError
 from edgeflash.runtime.bundle import load_bundle
 from edgeflash.runtime.source import open_model
 
-SMALL = ["--calibration-tokens", "128", "--window", "128", "--eval-tokens", "0", "--predictor-rank", "0",
-         "--top-tokens", "256"]
+# the cheapest export that still runs every stage: nothing to quantize, no arenas, little text
+SMALL = ["--quant", "keep", "--no-neuron-arena", "--calibration-tokens", "64", "--window", "32", "--eval-tokens", "0",
+         "--predictor-rank", "0", "--top-tokens", "256"]
 
 
 def cli(*args: str, timeout: float = 600, **kw) -> subprocess.CompletedProcess:
@@ -53,8 +54,8 @@ def tmpfs(path: Path, size: str, read_only: bool = False):
 def test_export_inspect_generate(tmp_path, smollm_path):
     out = tmp_path / "smol-q4_0"
     proc = cli("export", str(smollm_path), "-o", str(out), "--quant", "q4_0", "--quiet", "--json",
-               "--calibration-tokens", "128", "--window", "128", "--eval-tokens", "128", "--predictor-rank", "8",
-               "--top-tokens", "256")
+               "--calibration-tokens", "128", "--window", "64", "--eval-tokens", "64", "--sparsity", "0.5",
+               "--predictor-rank", "8", "--top-tokens", "256")
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "quality report" in proc.stdout and "round-to-nearest" in proc.stdout
     summary = json.loads(proc.stdout.strip().splitlines()[-1])
@@ -76,7 +77,7 @@ def test_export_inspect_generate(tmp_path, smollm_path):
 @pytest.mark.parametrize("args,fragments", [
     (["--quant", "q3_zz"], ["unknown quant scheme 'q3_zz'"]),
     (["--quant", "mixed:ffn=q4_0@48"], ["group size 48 is impossible for q4_0"]),
-    (["--group-size", "64"], ["group size 64 is impossible for q4_0, whose blocks hold 32 values"]),
+    (["--quant", "q4_0", "--group-size", "64"], ["group size 64 is impossible for q4_0, whose blocks hold 32 values"]),
     (["--target", "tflite"], ["target 'tflite' is not available"]),
     (["--calibration", "/nonexistent/text.txt"], ["/nonexistent/text.txt", "cannot read the calibration text"]),
 ])
@@ -122,8 +123,7 @@ def test_write_error_midway_leaves_nothing(tmp_path, smollm_path):
 
 def test_killed_export_leaves_no_bundle_and_is_cleaned_up(tmp_path, smollm_path):
     out = tmp_path / "bundle"
-    args = [sys.executable, "-m", "edgeflash.cli.main", "export", str(smollm_path), "-o", str(out), "--quant", "keep",
-            "--quiet", *SMALL]
+    args = [sys.executable, "-m", "edgeflash.cli.main", "export", str(smollm_path), "-o", str(out), "--quiet", *SMALL]
     partial = None
     for _ in range(3):  # the write takes about a second; catch it mid-way
         proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
