@@ -43,8 +43,12 @@ def _blas_controls() -> tuple[Callable[[int], None], Callable[[], int]] | None:
         getter = next((getattr(lib, n) for n in _GETTERS if hasattr(lib, n)), None)
         if setter is not None and getter is not None:
             getter.restype = ctypes.c_int
-            return (lambda n: setter(ctypes.c_int(n))), (lambda: int(getter()))
+            return _bind(setter, getter)
     return None
+
+
+def _bind(setter, getter) -> tuple[Callable[[int], None], Callable[[], int]]:
+    return (lambda n: setter(ctypes.c_int(n))), (lambda: int(getter()))
 
 
 @contextmanager
