@@ -160,7 +160,7 @@ def _run(source: Any, out: Path, qconfig: QuantConfig, opts: ExportOptions, conf
         "calibration": calibration.to_manifest(), "report": report,
     }
     total = report["bundle_bytes"]
-    with _byte_bar(total, opts.progress) as progress_bar:
+    with _ByteBar(total, opts.progress) as progress_bar:
         manifest = write_bundle(out, blocks, manifest, model.tokenizer.to_json(), overwrite=opts.overwrite,
                                 on_progress=progress_bar.update, cleanup_note=lambda m: note(m, opts.progress))
     lap("write")
@@ -271,7 +271,7 @@ def _version() -> str:
     return __version__
 
 
-class _byte_bar:
+class _ByteBar:
     def __init__(self, total: int, enabled: bool):
         from edgeflash.export.progress import tqdm_bytes
 

@@ -50,7 +50,7 @@ def render(manifest: dict[str, Any], blocks: bool = True, tensors: bool = False)
                  f"d_ff {spec['d_ff']}, {spec['n_heads']}/{spec['n_kv_heads']} heads x {spec['head_dim']}, "
                  f"vocab {spec['vocab_size']}, {'tied' if spec.get('tied_embeddings') else 'untied'} head")
     lines.append(f"source    {src.get('kind')} {src.get('path')}")
-    rules = ", ".join(f"{r['role']}={r['format']}" + (f"/{r['method']}" if r['method'] not in ('copy',) else "")
+    rules = ", ".join(f"{r['role']}={r['format']}" + (f"/{r['method']}" if r["format"] not in ("keep", "f32", "f16") else "")
                       + (f" (fallback {r['fallback']})" if r.get('fallback') else "") for r in quant.get("rules", []))
     lines.append(f"quant     {quant.get('scheme')}: {rules}")
     lines.append(f"weights   {_mib(manifest.get('weights', {}).get('nbytes'))} in "
@@ -94,7 +94,7 @@ def render_report(report: dict[str, Any], tensors: bool = False) -> list[str]:
         lines.append(f"  perplexity on {ev['tokens']} tokens of {ev['text']} ({ev['windows']} windows of "
                      f"{ev['window_tokens']}):")
         p = report["perplexity"]
-        lines.append(f"    {'source (unquantized)':<34} {p['source']:>10.3f}")
+        lines.append(f"    {'source model (reference)':<34} {p['source']:>10.3f}")
         lines.append(f"    {'exported':<34} {p['exported']:>10.3f}  {p['delta_pct']:+.2f}%")
         base = report.get("baseline")
         if base:

@@ -109,6 +109,15 @@ class Bundle:
         if len(data) != self.manifest.tokenizer_nbytes or zlib.crc32(data) != self.manifest.tokenizer_crc32:
             raise IntegrityError(f"{tok}: checksum mismatch ({TOKENIZER_FILE} was modified or truncated)")
 
+    def verify_tensor(self, name: str, data: Any) -> None:
+        """Check bytes read for one tensor (e.g. only the norms at the head of an FFN block)
+        against the tensor's own CRC-32."""
+        entry = self.tensors[name]
+        view = memoryview(data).cast("B")
+        if len(view) != entry.nbytes or zlib.crc32(view) != entry.crc32:
+            raise IntegrityError(f"{self.weights_path}: checksum mismatch in tensor {name} (block {entry.block}); "
+                                 "the file is corrupted")
+
     def _check_block(self, block: BlockEntry, data: Any) -> None:
         crc = zlib.crc32(data)
         if crc != block.crc32:

@@ -41,6 +41,16 @@ def test_read_block_into_verifies_on_request(bundle_copy):
         b.read_block_into("layer.1.ffn", buf, verify=True)
 
 
+def test_tensor_checksums(bundle_copy):
+    b = Bundle.open(bundle_copy)
+    for name in b.tensors:
+        b.verify_tensor(name, b.tensor(name).raw)
+    raw = bytearray(b.tensor("blk.2.ffn_norm.weight").raw.tobytes())
+    raw[3] ^= 1
+    with pytest.raises(IntegrityError, match="tensor blk.2.ffn_norm.weight \\(block layer.2.ffn\\)"):
+        b.verify_tensor("blk.2.ffn_norm.weight", raw)
+
+
 def test_modified_tokenizer_is_detected(bundle_copy):
     path = bundle_copy / "tokenizer.json"
     path.write_bytes(path.read_bytes().replace(b'"', b"'", 1))
