@@ -235,10 +235,10 @@ def _evaluate(model: ModelSource, quantized: dict[str, QuantizedTensor], qconfig
 
 
 def _windows_for(windows: list[list[int]], tokens: int) -> int:
-    """How many leading windows cover `tokens` scored tokens (at least one)."""
+    """How many leading windows hold `tokens` tokens (at least one)."""
     total = 0
     for i, w in enumerate(windows):
-        total += len(w) - 1
+        total += len(w)
         if total >= tokens:
             return i + 1
     return len(windows)
