@@ -22,7 +22,7 @@ import sys
 import time
 from pathlib import Path
 
-from hf_models import eos_ids, load_hf
+from hf_models import adds_bos, eos_ids, load_hf
 from models import BenchModel, get_model
 
 # One context for both models: a 500-token prompt plus 128 generated tokens must fit.
@@ -129,6 +129,8 @@ def convert(model: BenchModel) -> None:
     meta = {"get_bos_id": tok.bos_token_id if tok.bos_token_id is not None else -1,
             "get_eos_ids": eos_ids(model, tok)}
     (out / "metadata.json").write_text(json.dumps(meta))
+    # For run_executorch.py: whether prompts start with BOS, without loading the tokenizer there.
+    (out / "prompt_format.json").write_text(json.dumps({"adds_bos": adds_bos(tok)}))
     print(f"converted {model.name} -> {out}", file=sys.stderr)
 
 

@@ -31,6 +31,22 @@ def load_hf(model: BenchModel):
     return m.eval(), tok
 
 
+def load_tokenizer(model: BenchModel):
+    """The tokenizer alone, from the cached copy when there is one (reading the GGUF's is slower)."""
+    from transformers import AutoTokenizer
+
+    from models import load_hf_tokenizer
+
+    cache = hf_dir(model)
+    return AutoTokenizer.from_pretrained(cache) if (cache / "tokenizer.json").exists() else load_hf_tokenizer(model)
+
+
+def adds_bos(tokenizer) -> bool:
+    """Whether the model's own tokenizer starts every sequence with BOS (Gemma: yes, SmolLM2: no)."""
+    ids = tokenizer.encode("x")
+    return tokenizer.bos_token_id is not None and bool(ids) and ids[0] == tokenizer.bos_token_id
+
+
 def _save_plain_fp32(m, tok, cache: Path) -> None:
     """save_pretrained refuses a GGUF-loaded model, so write the state dict and config directly."""
     from safetensors.torch import save_file

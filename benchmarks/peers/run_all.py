@@ -25,8 +25,17 @@ PEERS = {"llamacpp": "run_llamacpp.py", "executorch": "run_executorch.py", "tran
 DEFAULT_PROMPT_TOKENS = {"gemma3-270m": 500, "smollm2-135m": 400}
 
 
+def result_path(peer: str, model: str, args: argparse.Namespace) -> Path:
+    return BENCH_OUT / "results" / f"{peer}-{model}{'-ppl' if args.perplexity else ''}.json"
+
+
+def load_saved(peer: str, model: str, args: argparse.Namespace) -> dict | None:
+    path = result_path(peer, model, args)
+    return json.loads(path.read_text()) if path.exists() else None
+
+
 def run_one(peer: str, model: str, args: argparse.Namespace) -> dict | None:
-    out = BENCH_OUT / "results" / f"{peer}-{model}{'-ppl' if args.perplexity else ''}.json"
+    out = result_path(peer, model, args)
     cmd = [sys.executable, str(HERE / PEERS[peer]), "--model", model, "--threads", str(args.threads),
            "--out", str(out)]
     if args.perplexity:
@@ -52,14 +61,19 @@ def same_prefix(a: list[int], b: list[int]) -> int:
 
 
 def generation_table(results: dict[tuple[str, str], dict]) -> str:
-    rows = ["| model | peer | prompt tok | prefill tok/s | decode tok/s | TTFT s | peak RSS MB | "
-            "generated | same prefix as transformers |", "|" + "---|" * 9]
+    """Medians, with the best repeat in parentheses (the one least disturbed on a shared machine)."""
+    rows = ["| model | peer | prompt tok | prefill tok/s median (best) | decode tok/s median (best) | "
+            "TTFT s median | peak RSS MB | generated | same prefix as transformers | load avg |",
+            "|" + "---|" * 10]
     for (model, peer), r in results.items():
         ref = results.get((model, "transformers"))
         agree = f"{same_prefix(r['token_ids'], ref['token_ids'])}/{len(ref['token_ids'])}" if ref else "-"
-        rows.append(f"| {model} | {peer} | {r['prompt_tokens']} | {r['prefill_tok_s']:.1f} | "
-                    f"{r['decode_tok_s']:.1f} | {r['ttft_s']:.3f} | {r['peak_rss_bytes'] / 2**20:.0f} | "
-                    f"{r['generated_tokens']} | {agree} |")
+        best_prefill = max(x["prefill_tok_s"] for x in r["repeats"])
+        best_decode = max(x["decode_tok_s"] for x in r["repeats"])
+        rows.append(f"| {model} | {peer} | {r['prompt_tokens']} | {r['prefill_tok_s']:.1f} ({best_prefill:.1f}) | "
+                    f"{r['decode_tok_s']:.1f} ({best_decode:.1f}) | {r['ttft_s']:.3f} | "
+                    f"{r['peak_rss_bytes'] / 2**20:.0f} | {r['generated_tokens']} | {agree} | "
+                    f"{r['machine']['loadavg_1m']} |")
     return "\n".join(rows)
 
 
@@ -79,11 +93,12 @@ def main() -> None:
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--repeat", type=int, default=3)
     p.add_argument("--perplexity", action="store_true")
+    p.add_argument("--table-only", action="store_true", help="print the table from saved results, run nothing")
     args = p.parse_args()
     results = {}
     for model in args.models:
         for peer in args.peers:
-            r = run_one(peer, model, args)
+            r = load_saved(peer, model, args) if args.table_only else run_one(peer, model, args)
             if r is not None:
                 results[(model, peer)] = r
     print(perplexity_table(results) if args.perplexity else generation_table(results))

@@ -46,11 +46,6 @@ def require_export(w: harness.Workload) -> None:
                          f"--model {w.model.name}` first")
 
 
-def bos_count(w: harness.Workload) -> int:
-    meta = json.loads((w.model.executorch_dir / "metadata.json").read_text())
-    return 1 if meta["get_bos_id"] >= 0 else 0
-
-
 def stats_to_dict(s) -> dict:
     d = {k: getattr(s, k) for k in ("inference_start_ms", "token_encode_end_ms", "prompt_eval_end_ms",
                                     "first_token_ms", "inference_end_ms", "aggregate_sampling_time_ms",
@@ -106,15 +101,17 @@ def greedy_with_forward(fwd: ForwardMethod, prompt_ids: list[int], max_new: int,
 def run_generate(w: harness.Workload) -> dict:
     from executorch.extension.llm.runner import GenerationConfig, TextLLMRunner
 
-    from hf_models import eos_ids
-    from models import load_hf_tokenizer
+    from hf_models import eos_ids, load_tokenizer
 
     require_export(w)
     register_custom_ops()
     threads = set_threads(w.threads)
     runner = TextLLMRunner(str(w.model.pte_path), str(w.model.tokenizer_json))
+    # BOS exactly when the model's own tokenizer adds it, as llama.cpp and transformers do
+    # (recorded at export, so no second tokenizer inflates this process's peak RSS).
+    fmt = json.loads((w.model.executorch_dir / "prompt_format.json").read_text())
     config = GenerationConfig(echo=False, max_new_tokens=w.max_new_tokens, temperature=0.0,
-                              num_bos=bos_count(w), num_eos=0)
+                              num_bos=1 if fmt["adds_bos"] else 0, num_eos=0)
     # The runner loads the program lazily on its first generate(): warm up once so load time is
     # not counted as time to first token (the other peers load in their constructors).
     runner.generate(harness.WARMUP_TEXT, GenerationConfig(echo=False, max_new_tokens=2, temperature=0.0,
@@ -141,7 +138,7 @@ def run_generate(w: harness.Workload) -> dict:
     peak = harness.peak_rss_bytes()
 
     # Token ids: the same greedy decode through `forward`, from the shared reference prompt ids.
-    tok = load_hf_tokenizer(w.model)
+    tok = load_tokenizer(w.model)
     prompt_ids = tok.encode(w.prompt.text)
     fwd = ForwardMethod(w.model.pte_path)
     ids, loop_tok_s = greedy_with_forward(fwd, prompt_ids, w.max_new_tokens, set(eos_ids(w.model, tok)),
@@ -151,6 +148,8 @@ def run_generate(w: harness.Workload) -> dict:
         r.token_ids = ids  # the runner gives text only; see forward_text_matches_runner
     return harness.generation_report("executorch", w, repeats, {
         "prompt_ids": prompt_ids,
+        # The runner tokenizes the text itself; its count must equal the reference ids' (BOS included).
+        "runner_prompt_tokens_match_reference": repeats[0].prompt_tokens == len(prompt_ids),
         "forward_token_ids": ids,
         "forward_text_matches_runner": forward_text == repeats[0].text,
         "runner_texts_identical": all(r.text == repeats[0].text for r in repeats),
