@@ -10,7 +10,8 @@ ExecuTorch's stock CLI. Gemma 3 runs the same CLI through executorch_gemma3.py, 
 layer pieces the stock llama Transformer lacks (see that file); its checkpoint additionally
 carries the post-norm weights and an untied embedding with Gemma's sqrt(dim) scale folded in.
 
-Everything lands in bench-out/executorch/<model>/. One export takes 8-12 minutes on 2 cores.
+Everything lands in bench-out/executorch/<model>/. One export takes 10-20 minutes on a quiet
+2-core machine and over an hour on a busy one: run it in the background.
 """
 
 from __future__ import annotations

@@ -14,6 +14,7 @@ Before timing, every runner generates two tokens from WARMUP_TEXT, so no repeat 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
 import os
@@ -201,6 +202,19 @@ def emit(report: dict[str, Any], out: Path | None) -> None:
         out.write_text(text + "\n")
     sys.stdout.write(text + "\n")
     sys.stdout.flush()
+
+
+@contextlib.contextmanager
+def native_stdout_to_stderr():
+    """Send file descriptor 1 to stderr while a peer's native code prints its own reports there."""
+    sys.stdout.flush()
+    saved = os.dup(1)
+    os.dup2(2, 1)
+    try:
+        yield
+    finally:
+        os.dup2(saved, 1)
+        os.close(saved)
 
 
 def log(msg: str) -> None:

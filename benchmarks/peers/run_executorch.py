@@ -186,7 +186,9 @@ def run_perplexity(w: harness.Workload) -> dict:
 def main() -> None:
     args = harness.build_parser("executorch").parse_args()
     w = harness.resolve_workload(args)
-    report = run_perplexity(w) if w.perplexity else run_generate(w)
+    # The runner prints the generated text and its own stats line on stdout: keep stdout for JSON.
+    with harness.native_stdout_to_stderr():
+        report = run_perplexity(w) if w.perplexity else run_generate(w)
     harness.emit(report, args.out)
 
 

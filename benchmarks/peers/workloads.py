@@ -1,6 +1,6 @@
 """Prompts and evaluation text shared by every peer runner, so all peers see the same input.
 
-Prompts are built once per model with transformers' tokenizer (rebuilt from the GGUF) and cached
+Prompts are built once per model with transformers' tokenizer (the GGUF's vocabulary) and cached
 as text under bench-out/prompts/; every runner then reads the same text file. The perplexity
 windows are cached as token ids, so every peer is scored on exactly the same token sequence.
 """
@@ -11,7 +11,8 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from models import BENCH_OUT, BenchModel, load_hf_tokenizer
+from hf_models import adds_bos, load_tokenizer
+from models import BENCH_OUT, BenchModel
 
 PROMPT_DIR = BENCH_OUT / "prompts"
 
@@ -56,7 +57,7 @@ def passage_prompt(model: BenchModel, n_tokens: int) -> Prompt:
     if not path.exists():
         from edgeflash.export.corpus import heldout_windows
 
-        tokenizer = load_hf_tokenizer(model)
+        tokenizer = load_tokenizer(model)
         window = heldout_windows(1, chars_per_window=PASSAGE_WINDOW_CHARS)[0]
         body = tokenizer.encode(window, add_special_tokens=False)
         if len(body) < n_tokens:
@@ -70,14 +71,15 @@ def chat_prompt(model: BenchModel) -> Prompt:
     """One user turn rendered with the model's own chat template (plain Q/A text if it has none)."""
     path = PROMPT_DIR / f"{model.name}-chat.txt"
     if not path.exists():
-        tokenizer = load_hf_tokenizer(model)
+        tokenizer = load_tokenizer(model)
         messages = [{"role": "user", "content": CHAT_QUESTION}]
         try:
             text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
         except ValueError:  # no template in the GGUF metadata
             text = f"Question: {CHAT_QUESTION}\nAnswer:"
-        # The template may start with the BOS text; peers add BOS themselves, so drop it here.
-        if tokenizer.bos_token and text.startswith(tokenizer.bos_token):
+        # A template may start with the BOS text; peers whose tokenizer adds BOS (Gemma) add it
+        # themselves, so drop it there. SmolLM2's BOS string <|im_start|> opens its first turn: keep it.
+        if adds_bos(tokenizer) and text.startswith(tokenizer.bos_token):
             text = text[len(tokenizer.bos_token):]
         _write_prompt(path, text, tokenizer.encode(text))
     return _read_prompt(path.stem, path)
@@ -95,7 +97,7 @@ def perplexity_windows(model: BenchModel) -> list[list[int]]:
     if not path.exists():
         from edgeflash.export.corpus import heldout_windows
 
-        tokenizer = load_hf_tokenizer(model)
+        tokenizer = load_tokenizer(model)
         windows = [tokenizer.encode(w)[:PPL_MAX_TOKENS] for w in heldout_windows(PPL_WINDOWS)]
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(json.dumps(windows))
