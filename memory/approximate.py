@@ -153,36 +153,6 @@ class ApproximateMode:
             os.close(fd)
         return out
 
-    def _shortlist_rows(self) -> np.ndarray:
-        """The shortlisted head rows, read in one sequential pass over the head tensor."""
-        from edgeflash.memory.budgeted import aligned_empty, open_direct, read_range
-
-        name = self._head_tensor()
-        t, loc = self.source.tensors[name], self.layout.locations[name]
-        row_bytes = loc.nbytes // t.rows
-        out = np.empty((len(self.ids), row_bytes), dtype=np.uint8)
-        order = np.argsort(self.ids)
-        rows_per_read = max(1, (READ_CHUNK - 2 * 4096) // row_bytes)
-        scratch = aligned_empty(READ_CHUNK)
-        fd, _ = open_direct(self.layout.path)
-        try:
-            k = 0
-            for r0 in range(0, t.rows, rows_per_read):
-                r1 = min(t.rows, r0 + rows_per_read)
-                if k >= len(order) or self.ids[order[k]] >= r1:
-                    continue
-                begin = loc.offset + r0 * row_bytes
-                start = align_down(begin)
-                buf = read_range(fd, self.layout.path, start, align_up(loc.offset + r1 * row_bytes) - start, scratch)
-                while k < len(order) and self.ids[order[k]] < r1:
-                    row = int(self.ids[order[k]])
-                    at = begin - start + (row - r0) * row_bytes
-                    out[order[k]] = buf[at:at + row_bytes]
-                    k += 1
-        finally:
-            os.close(fd)
-        return out
-
     def install(self, native: Any) -> None:
         if self.sparsity is not None:
             cal, spec = self.calibration, self.spec
@@ -205,7 +175,7 @@ class ApproximateMode:
             native.set_sparse_ffn(layers, [parts["gate"], parts["up"], parts["down"]], self.capacity, self.window)
         if self.shortlist is not None:
             head = self.source.tensors[self._head_tensor()]
-            native.set_head_shortlist(self._shortlist_rows(), head.fmt, self.ids)
+            native.set_head_shortlist(self.engine.read_rows(self._head_tensor(), self.ids), head.fmt, self.ids)
 
     def stats(self, native: Any) -> dict[str, Any]:
         out: dict[str, Any] = {}

@@ -112,6 +112,7 @@ class BudgetedEngine(NativeEngine):
             plan.notes.append(f"{layout.path.parent} does not support direct I/O: reads go through the page cache")
         if approx is not None:
             tensors.update(approx.resident_tensors())
+        self.resident_tensors = tensors  # a self-drafter may share the resident ones
         self._set_weights(tensors)
         units = self._stream_units(layout, plan)
         embedding = None
@@ -126,6 +127,32 @@ class BudgetedEngine(NativeEngine):
         except (ValueError, RuntimeError) as e:
             raise UserError(f"{layout.path}: {e}") from None
         self.direct_io = direct
+        self.embedding_stream = (str(layout.path), direct, embedding)
+
+    def read_rows(self, name: str, ids: np.ndarray) -> np.ndarray:
+        """Rows of a tensor, read with direct I/O (no page cache, no memory map): [len(ids), row_bytes]."""
+        t, loc = self.source.tensors[name], self.layout.locations[name]
+        row_bytes = loc.nbytes // t.rows
+        out = np.empty((len(ids), row_bytes), dtype=np.uint8)
+        order = np.argsort(ids)
+        scratch = aligned_empty(4 << 20)
+        rows_per_read = max(1, ((4 << 20) - 8192) // row_bytes)
+        fd, _ = open_direct(self.layout.path)
+        try:
+            k = 0
+            while k < len(order):
+                r0 = int(ids[order[k]])
+                r1 = min(t.rows, r0 + rows_per_read)
+                begin = loc.offset + r0 * row_bytes
+                start = align_down(begin)
+                buf = read_range(fd, self.layout.path, start, align_up(loc.offset + r1 * row_bytes) - start, scratch)
+                while k < len(order) and int(ids[order[k]]) < r1:
+                    at = begin - start + (int(ids[order[k]]) - r0) * row_bytes
+                    out[order[k]] = buf[at:at + row_bytes]
+                    k += 1
+        finally:
+            os.close(fd)
+        return out
 
     def _read_resident(self, fd: int, layout: WeightLayout, plan: MemoryPlan) -> dict:
         """Resident groups and global tensors, read once into this process's memory."""
@@ -224,8 +251,21 @@ class BudgetedEngine(NativeEngine):
             raise ModelFormatError(str(e)) from None
         if before is not None:
             self._decode_bytes += self._engine.io_stats()["bytes_read"] - before
-            self._decode_passes += 1
+            self._decode_passes += 1  # one token per decode pass
         return out
+
+    def forward_tree(self, tokens, depths, mask, *, argmax_only: bool = False) -> np.ndarray:
+        before = self._engine.io_stats()["bytes_read"]
+        try:
+            out = super().forward_tree(tokens, depths, mask, argmax_only=argmax_only)
+        except RuntimeError as e:
+            raise ModelFormatError(str(e)) from None
+        self._decode_bytes += self._engine.io_stats()["bytes_read"] - before
+        return out
+
+    def commit_tree(self, path) -> None:
+        super().commit_tree(path)
+        self._decode_passes += len(path)  # tokens this verification pass produced
 
     def stats(self) -> dict[str, Any]:
         out = super().stats()

@@ -26,7 +26,7 @@ class Generation:
     Text that might be the start of a stop string is held back until it is known not to be."""
 
     def __init__(self, engine: Engine, prompt_ids: Sequence[int], max_tokens: int, sampling: SamplingParams,
-                 stop: Sequence[str] = ()):
+                 stop: Sequence[str] = (), drafter: Any = None):
         if max_tokens < 0:
             raise UserError(f"max_tokens = {max_tokens}: expected an integer >= 0")
         if not prompt_ids:
@@ -36,6 +36,11 @@ class Generation:
         self.engine, self.prompt_ids, self.max_tokens = engine, list(prompt_ids), max_tokens
         self.sampler = Sampler(sampling)
         self.stop = [s for s in stop if s]
+        self.speculative = None
+        if drafter is not None:
+            from edgeflash.runtime.speculative import SpeculativeDecoder
+
+            self.speculative = SpeculativeDecoder(engine, drafter, self.sampler)
         self.tokens: list[int] = []
         self.text = ""
         self.finish_reason = "length"
@@ -49,17 +54,19 @@ class Generation:
         decoder = StreamDecoder(tok)
         eos = set(tok.eos_ids)
         emitted = 0  # characters of self.text already yielded
+        io_start = _io_counters(engine)
         t_start = time.perf_counter()
         reused = _reuse_prefix(engine, self.prompt_ids)
         logits = engine.forward(self.prompt_ids[reused:])[-1]
         t_first = time.perf_counter()
+        io_decode_start = _io_counters(engine)
         prefill_s = t_first - t_start
-        steps = 0
         ttft = None
         stopped_by_string = False
         history = list(self.prompt_ids)
-        while len(self.tokens) < self.max_tokens:
-            token = self.sampler(logits, history)
+        pending = [self.sampler(logits, history)]  # decided tokens not yet emitted
+        while pending and len(self.tokens) < self.max_tokens:
+            token = pending.pop(0)
             if ttft is None:
                 ttft = time.perf_counter() - t_start
             if token in eos:
@@ -78,13 +85,13 @@ class Generation:
             if safe > emitted:
                 yield self.text[emitted:safe]
                 emitted = safe
-            if len(self.tokens) >= self.max_tokens:
-                break
+            if pending or len(self.tokens) >= self.max_tokens:
+                continue
             if len(engine.tokens) + 1 >= engine.context_length:
                 self.finish_reason = "length"
                 break
-            logits = engine.forward([token])[-1]
-            steps += 1
+            pending = self._decode_step(history)
+        steps = max(0, len(self.tokens) - 1)  # tokens that decode steps produced (the first came from prefill)
         if not stopped_by_string:
             self.text += decoder.flush()  # bytes of an unfinished character, if any
         if len(self.text) > emitted:
@@ -105,13 +112,39 @@ class Generation:
             "finish_reason": self.finish_reason,
             **engine.stats(),
         }
+        if self.speculative is not None:
+            self.stats.update(self.speculative.stats.to_dict())
+        if io_start is not None:  # flash reads of this generation (the engine counts since loading)
+            io_end = _io_counters(engine)
+            read, wait = io_end[0] - io_start[0], io_end[1] - io_start[1]
+            self.stats.update({
+                "flash_bytes_read": read, "io_wait_s": round(wait, 6),
+                "io_wait_share": round(min(1.0, wait / (prefill_s + decode_s)), 4) if prefill_s + decode_s > 0 else None,
+                "flash_bytes_per_token": (io_end[0] - io_decode_start[0]) // steps if steps else None,
+            })
         self._done = True
+
+    def _decode_step(self, history: list[int]) -> list[int]:
+        """The next decided tokens after history[-1]: one from a plain step, or several from a
+        speculative verification (never more than fit in the context)."""
+        if self.speculative is not None and len(self.engine.tokens) + 16 < self.engine.context_length:
+            return self.speculative.step(history)
+        logits = self.engine.forward([history[-1]])[-1]
+        return [self.sampler(logits, history)]
 
     def result(self) -> GenerationResult:
         if not self._done:
             for _ in self:
                 pass
         return GenerationResult(self.text, list(self.tokens), self.finish_reason, dict(self.stats))
+
+
+def _io_counters(engine: Engine) -> tuple[int, float] | None:
+    """(bytes read from flash, seconds waited) so far, for engines that stream weights."""
+    stats = engine.stats()
+    if stats.get("flash_bytes_read") is None:
+        return None
+    return int(stats["flash_bytes_read"]), float(stats.get("io_wait_s") or 0.0)
 
 
 def _reuse_prefix(engine: Engine, prompt: list[int]) -> int:

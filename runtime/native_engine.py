@@ -142,18 +142,23 @@ class NativeEngine:
                 outputs.append(logits if all_logits else logits.copy())
         return np.concatenate(outputs) if outputs else np.empty((0, self.spec.vocab_size), np.float32)
 
-    def forward_tree(self, tokens: Sequence[int], depths: Sequence[int], mask: np.ndarray) -> np.ndarray:
+    def forward_tree(self, tokens: Sequence[int], depths: Sequence[int], mask: np.ndarray, *,
+                     argmax_only: bool = False) -> np.ndarray:
         """Verify a token tree in one pass: tokens at positions len(self.tokens) + depth, each
         attending to the cache and to its ancestors (`mask[i, j]`: token i sees tree token j).
-        Nothing is kept until `commit_tree`. Returns logits [n, vocab]."""
+        Nothing is kept until `commit_tree`. Returns logits [n, vocab], or with `argmax_only` each
+        node's most likely next token [n] (no [n, vocab] buffer: what greedy verification needs)."""
         tokens = np.asarray(tokens, dtype=np.int32)
         n = len(tokens)
+        if len(self.tokens) + int(np.max(depths)) + 1 > self.context_length:
+            raise UserError(f"context length exceeded: {len(self.tokens)} cached + a tree of depth "
+                            f"{int(np.max(depths)) + 1} > {self.context_length}")
         positions = (np.asarray(depths, dtype=np.int32) + self._engine.committed).astype(np.int32)
-        logits = np.empty((n, self.spec.vocab_size), dtype=np.float32)
+        out = np.empty(n, dtype=np.int32) if argmax_only else np.empty((n, self.spec.vocab_size), dtype=np.float32)
         self._engine.forward(tokens, positions, np.ascontiguousarray(mask, dtype=np.uint8),
-                             np.arange(n, dtype=np.int32), logits)
+                             np.arange(n, dtype=np.int32), out)
         self._tree_tokens = tokens
-        return logits
+        return out
 
     def commit_tree(self, path: Sequence[int]) -> None:
         """Keep the keys/values of the tree nodes on `path` (indices, root first)."""

@@ -18,7 +18,7 @@ ENGINES = ("auto", "native", "reference")
 def load(model: str | Path = "default", *, memory_budget: str | int | None = None, threads: int = 2,
          engine: str = "auto", context_length: int | None = None, strategy: str = "flash",
          activations: str = "q8x2", sparsity: float | None = None, window: int = 4,
-         head_shortlist: int | None = None) -> Model:
+         head_shortlist: int | None = None, speculative: str = "none") -> Model:
     """Open a GGUF file, a Hugging Face directory, a bundle or a model alias ("default").
 
     memory_budget: one byte budget ("96MB", "1.5GiB" or bytes) for everything loading and running
@@ -27,7 +27,10 @@ def load(model: str | Path = "default", *, memory_budget: str | int | None = Non
     activations: "q8x2" (default, agrees with the reference), "q8" (fastest) or "f32".
     sparsity, window, head_shortlist: approximate mode of a budgeted bundle (edgeflash.memory.approximate):
     the FFN reads only predicted-active neurons through a cache of the last `window` tokens' neurons,
-    and the head computes only the `head_shortlist` most frequent tokens. Off (exact) by default."""
+    and the head computes only the `head_shortlist` most frequent tokens. Off (exact) by default.
+    speculative: "none", "lookup" (n-grams of the context), "self" (the model's first layers and a
+    reduced head; needs a bundle), "draft:PATH" (a smaller model with the same tokenizer) or "auto".
+    Lossless: greedy output is unchanged and sampling keeps the model's distribution."""
     if engine not in ENGINES:
         raise UserError(f"engine = {engine!r}: expected one of {', '.join(ENGINES)}")
     if threads < 1:
@@ -42,9 +45,12 @@ def load(model: str | Path = "default", *, memory_budget: str | int | None = Non
         if sparsity is not None or head_shortlist is not None:
             raise UserError("sparsity and head_shortlist are modes of a budgeted run: give memory_budget too")
         source = open_model(path)
-        return Model(source, _make_engine(source, engine, threads, context_length, activations))
-    return Model(*_load_budgeted(path, memory_budget, engine, threads, context_length, strategy, activations,
-                                 approximate))
+        model = Model(source, _make_engine(source, engine, threads, context_length, activations))
+    else:
+        model = Model(*_load_budgeted(path, memory_budget, engine, threads, context_length, strategy, activations,
+                                      approximate))
+    model.speculative = model.check_speculative(speculative)
+    return model
 
 
 def _make_engine(source: ModelSource, engine: str, threads: int, context_length: int | None, activations: str):
@@ -86,7 +92,25 @@ class Model:
         self.engine = engine
         self.spec = source.spec
         self.tokenizer = source.tokenizer
+        self.speculative = "none"  # the default for generate(); per call: speculative=...
+        self._drafters: dict[str, Any] = {}
         self._lock = threading.Lock()
+
+    def check_speculative(self, kind: str) -> str:
+        if kind != "none":
+            self._drafter(kind)  # build it now: a bad option fails at load, and its memory is taken up front
+        return kind
+
+    def _drafter(self, kind: str) -> Any:
+        if kind == "none":
+            return None
+        if kind not in self._drafters:
+            from edgeflash.runtime.speculative import make_drafter
+
+            if not hasattr(self.engine, "forward_tree"):
+                raise UserError(f"speculative decoding needs the native engine, not {self.engine.name!r}")
+            self._drafters[kind] = make_drafter(kind, self.engine)
+        return self._drafters[kind]
 
     @property
     def name(self) -> str:
@@ -100,13 +124,15 @@ class Model:
 
     def generation(self, prompt: str | Sequence[int], max_tokens: int = 64, *, temperature: float = 0.0,
                    top_k: int = 0, top_p: float = 1.0, min_p: float = 0.0, repetition_penalty: float = 1.0,
-                   seed: int | None = None, stop: Sequence[str] | str | None = None) -> Generation:
+                   seed: int | None = None, stop: Sequence[str] | str | None = None,
+                   speculative: str | None = None) -> Generation:
         """A not-yet-started generation: iterate it for text pieces, then call `.result()`."""
         ids = self.encode(prompt) if isinstance(prompt, str) else [int(t) for t in prompt]
         params = SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p,
                                 repetition_penalty=repetition_penalty, seed=seed)
         stops = [stop] if isinstance(stop, str) else list(stop or [])
-        return Generation(self.engine, ids, max_tokens, params, stops)
+        drafter = self._drafter(self.speculative if speculative is None else speculative)
+        return Generation(self.engine, ids, max_tokens, params, stops, drafter=drafter)
 
     def generate(self, prompt: str | Sequence[int], max_tokens: int = 64, **options: Any) -> GenerationResult:
         """Generate a completion; `result.text`, `result.tokens`, `result.stats`."""

@@ -31,7 +31,8 @@ void check_cache(const KvCache& c, const char* what) {
                       std::to_string(need));
 }
 
-constexpr int64_t kChunk = 64;  // slots per chunk kernel call
+constexpr int64_t kChunk = 64;     // slots per chunk kernel call
+constexpr int64_t kSegment = 256;  // slots per split (a multiple of kChunk: chunks stay aligned)
 
 }  // namespace
 
@@ -56,10 +57,10 @@ void attention(const KvCache& cache, const AttentionArgs& a) {
     if (cache.slot_pos[j] >= 0) lo = std::min(lo, j), hi = j;
   std::fill(a.out, a.out + n_q * a.n_heads * hd, 0.0f);
   if (hi < 0) return;
-  const int64_t span = hi - lo + 1;
-  const int64_t threads = get_num_threads();
-  const int64_t max_splits = std::max<int64_t>(1, span / (4 * kChunk));
-  const int64_t splits = std::clamp<int64_t>((2 * threads + n_kv - 1) / n_kv, 1, max_splits);
+  // Splits are fixed segments of the slot space, so how a query's keys are grouped and summed
+  // depends only on which slots it sees - not on the other queries of the call or on the thread
+  // count. Decoding one token and verifying it inside a tree then give bit-identical results.
+  const int64_t first_seg = lo / kSegment, splits = hi / kSegment - first_seg + 1;
 
   // Per work item: m [R], l [R], acc [R, hd]; q rows of each KV head gathered as [R, hd].
   const int64_t item_floats = R * (hd + 2);
@@ -76,9 +77,8 @@ void attention(const KvCache& cache, const AttentionArgs& a) {
 
   ThreadPool::global().run(n_kv * splits, [&](int64_t item, int) {
     const int64_t g = item / splits, p = item % splits;
-    int64_t j_begin, j_end;
-    split_range(span, splits, p, &j_begin, &j_end);
-    j_begin += lo, j_end += lo;
+    const int64_t j_begin = std::max(lo, (first_seg + p) * kSegment);
+    const int64_t j_end = std::min(hi + 1, (first_seg + p + 1) * kSegment);
     float* m = states + item * item_floats;
     float* l = m + R;
     float* acc = l + R;
@@ -86,8 +86,10 @@ void attention(const KvCache& cache, const AttentionArgs& a) {
     std::fill(l, l + R + R * hd, 0.0f);
     float* scratch = scratch_floats(static_cast<size_t>(R * kChunk + 8 * hd + (R * kChunk + 3) / 4));
     uint8_t* vis = reinterpret_cast<uint8_t*>(scratch + R * kChunk + 8 * hd);
-    for (int64_t j0 = j_begin; j0 < j_end; j0 += kChunk) {
-      const int64_t c = std::min(kChunk, j_end - j0);
+    for (int64_t j0 = j_begin / kChunk * kChunk; j0 < j_end; j0 += kChunk) {  // chunks at absolute offsets
+      // Whole chunks (slots past the live range are invisible): the SIMD blocking of a query's keys
+      // must not depend on how many other slots happen to be live.
+      const int64_t c = std::min(kChunk, cap - j0);
       bool any = false;
       for (int64_t i = 0; i < n_q; ++i) {
         const int64_t qp = a.q_pos[i];

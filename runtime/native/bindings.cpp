@@ -169,23 +169,27 @@ class PyEngine {
     *it->second.first = typed<float>(values, static_cast<size_t>(it->second.second), name.c_str());
   }
 
+  // `out`: float32 [len(logit_rows), vocab] logits, or int32 [len(logit_rows)] for the argmax only.
   void forward(const In& tokens, const In& positions, nb::object tree_mask, const In& logit_rows, Out logits) {
     const int64_t n = static_cast<int64_t>(tokens.size());
     const int32_t* tok = typed<int32_t>(tokens, n, "tokens");
     const int32_t* pos = typed<int32_t>(positions, n, "positions");
     const int64_t m = static_cast<int64_t>(logit_rows.size());
     const int32_t* rows = typed<int32_t>(logit_rows, m, "logit_rows");
-    if (logits.dtype() != nb::dtype<float>() || logits.size() != static_cast<size_t>(m * engine_->shape().vocab))
-      throw KernelError("logits must be float32 [len(logit_rows), vocab]");
+    const bool argmax = logits.dtype() == nb::dtype<int32_t>();
+    if (argmax ? logits.size() != static_cast<size_t>(m)
+               : (logits.dtype() != nb::dtype<float>() || logits.size() != static_cast<size_t>(m * engine_->shape().vocab)))
+      throw KernelError("out must be float32 [len(logit_rows), vocab] or int32 [len(logit_rows)]");
     const uint8_t* mask = nullptr;
     In mask_array;
     if (!tree_mask.is_none()) {
       mask_array = nb::cast<In>(tree_mask);
       mask = typed<uint8_t>(mask_array, static_cast<size_t>(n * n), "tree_mask");
     }
-    float* out = static_cast<float*>(logits.data());
+    float* out = argmax ? nullptr : static_cast<float*>(logits.data());
+    int32_t* best = argmax ? static_cast<int32_t*>(logits.data()) : nullptr;
     nb::gil_scoped_release release;
-    engine_->forward(tok, pos, n, mask, rows, m, out);
+    engine_->forward(tok, pos, n, mask, rows, m, out, best);
   }
 
   void commit(const In& nodes) {

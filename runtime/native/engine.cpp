@@ -189,7 +189,8 @@ void Engine::run_block(int64_t layer, const LayerWeights& w, int64_t n, const in
 }
 
 void Engine::forward(const int32_t* tokens, const int32_t* positions, int64_t n, const uint8_t* tree_mask,
-                     const int32_t* logit_rows, int64_t n_logit_rows, float* logits) {
+                     const int32_t* logit_rows, int64_t n_logit_rows, float* logits, int32_t* argmax) {
+  if (n_logit_rows > 0 && !logits && !argmax) throw engine_error("logit rows requested without an output");
   const ModelShape& s = shape_;
   if (n < 1 || n > options_.max_batch)
     throw engine_error("a forward call takes 1.." + std::to_string(options_.max_batch) + " tokens, got " +
@@ -242,6 +243,10 @@ void Engine::forward(const int32_t* tokens, const int32_t* positions, int64_t n,
     std::memcpy(sel_.data() + r * s.d_model, x_.data() + static_cast<int64_t>(logit_rows[r]) * s.d_model,
                 s.d_model * sizeof(float));
   rms_norm(sel_.data(), out_norm_, sel_.data(), n_logit_rows, s.d_model, s.norm_eps);
+  if (!logits) {  // softcapping is monotonic: it does not change the argmax
+    compute_argmax(n_logit_rows, argmax);
+    return;
+  }
   compute_logits(n_logit_rows, logits);
   if (s.final_softcap > 0.0f) {
     const float cap = s.final_softcap;
@@ -289,6 +294,42 @@ void Engine::compute_logits(int64_t m, float* logits) {
     }
     ready = true;
     head_source_->release_chunk(c);
+  }
+}
+
+void Engine::compute_argmax(int64_t m, int32_t* out) {
+  // Head rows chunk by chunk, keeping each row's running best: memory is [m, chunk], not [m, vocab].
+  std::vector<float> best(static_cast<size_t>(m), -std::numeric_limits<float>::infinity());
+  std::fill(out, out + m, 0);
+  bool ready = false;
+  auto fold = [&](const WeightMatrix& w, int64_t row0, const int32_t* ids) {
+    head_part_.resize(static_cast<size_t>(m * w.rows));
+    linear(w, sel_.data(), xq_, ready, m, head_part_.data());
+    ready = true;
+    for (int64_t t = 0; t < m; ++t)
+      for (int64_t r = 0; r < w.rows; ++r) {
+        const float v = head_part_[t * w.rows + r];
+        const int32_t id = ids ? ids[r] : static_cast<int32_t>(row0 + r);
+        if (v > best[t] || (v == best[t] && id < out[t])) best[t] = v, out[t] = id;
+      }
+  };
+  if (!head_ids_.empty()) {
+    fold(head_, 0, head_ids_.data());
+  } else if (head_source_) {
+    for (int64_t c = 0; c < head_source_->n_chunks(); ++c) {
+      int64_t row0 = 0;
+      const WeightMatrix& w = head_source_->acquire_chunk(c, &row0);
+      fold(w, row0, nullptr);
+      head_source_->release_chunk(c);
+    }
+  } else {
+    const int64_t chunk = 16384;
+    const size_t rb = row_bytes(head_.fmt, head_.cols);
+    for (int64_t r0 = 0; r0 < head_.rows; r0 += chunk) {
+      const int64_t rows = std::min(chunk, head_.rows - r0);
+      fold(WeightMatrix{head_.data + r0 * rb, static_cast<size_t>(rows) * rb, head_.fmt, rows, head_.cols, 0}, r0,
+           nullptr);
+    }
   }
 }
 

@@ -139,8 +139,10 @@ class Engine {
   // go to scratch slots after the committed ones; without a tree they are committed at once,
   // with a tree only `commit` keeps the accepted path. Logits of the rows listed in
   // `logit_rows` are written to `logits` ([n_logit_rows, vocab]).
+  // With `logits` null and `argmax` set, only each listed row's most likely token is returned
+  // (greedy verification of a token tree without [rows, vocab] of logits in memory).
   void forward(const int32_t* tokens, const int32_t* positions, int64_t n, const uint8_t* tree_mask,
-               const int32_t* logit_rows, int64_t n_logit_rows, float* logits);
+               const int32_t* logit_rows, int64_t n_logit_rows, float* logits, int32_t* argmax = nullptr);
 
   // Keep the keys/values of the listed new tokens (tree node indices of the last forward, in
   // path order) as the next committed positions; drop the rest of the scratch slots.
@@ -170,6 +172,7 @@ class Engine {
   void linear(const WeightMatrix& w, const float* x, QuantizedActs& xq, bool xq_ready, int64_t n, float* y);
   void build_attention_mask(int64_t layer, int64_t n, const uint8_t* tree_mask);
   void compute_logits(int64_t m, float* logits);
+  void compute_argmax(int64_t m, int32_t* out);
 
   ModelShape shape_;
   std::vector<LayerShape> layer_shapes_;

@@ -64,6 +64,10 @@ def add_model_options(p: argparse.ArgumentParser) -> None:
                    help="with --sparsity: keep the neurons of the last K tokens cached (default: %(default)s)")
     p.add_argument("--head-shortlist", type=positive_int, default=None, metavar="N",
                    help="with --memory-budget and a bundle: approximate head over the N most frequent tokens")
+    p.add_argument("--speculative", default="none", metavar="KIND",
+                   help="speculative decoding, lossless: none, lookup (n-grams of the context), self (the "
+                        "model's first layers with a reduced head; bundles), draft:PATH (a smaller model with "
+                        "the same tokenizer) or auto (default: %(default)s)")
     p.add_argument("--activations", choices=["q8x2", "q8", "f32"], default="q8x2",
                    help="activation precision against quantized weights: q8x2 agrees with the reference, "
                         "q8 is fastest (default: %(default)s)")
@@ -90,4 +94,5 @@ def sampling_kwargs(args: argparse.Namespace) -> dict:
 def load_kwargs(args: argparse.Namespace) -> dict:
     return {"memory_budget": args.memory_budget, "threads": args.threads, "engine": args.engine,
             "context_length": args.context_length, "strategy": args.strategy, "activations": args.activations,
-            "sparsity": args.sparsity, "window": args.window, "head_shortlist": args.head_shortlist}
+            "sparsity": args.sparsity, "window": args.window, "head_shortlist": args.head_shortlist,
+            "speculative": args.speculative}

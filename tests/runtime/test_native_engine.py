@@ -120,3 +120,19 @@ def test_real_model_agreement_on_heldout_text(alias, model_path):
     print(f"{alias}: top-1 agreement {agree:.4f}, perplexity native {pa:.3f} reference {pb:.3f}")
     assert agree >= 0.99
     assert abs(pa - pb) / pb <= 0.005
+
+
+@pytest.mark.parametrize("activations", ["q8", "q8x2"])
+def test_batch_invariance_prefill_equals_token_by_token(activations, smollm_path):
+    """Every op computes a token the same way whatever else is in the call: a prompt run as one
+    batch and token by token give bit-identical logits. Speculative verification relies on it
+    (a drafted token verified inside a tree must score exactly as in plain decoding)."""
+    from edgeflash.runtime.source import open_model
+
+    source = open_model(smollm_path)
+    ids = source.tokenizer.encode("Once upon a time, in a small village by the sea, there lived an old fisherman")
+    engine = NativeEngine(source, activations=activations)
+    batched = engine.forward(ids, all_logits=True)
+    engine.reset()
+    stepwise = np.stack([engine.forward([t])[-1] for t in ids])
+    assert np.array_equal(batched, stepwise)
