@@ -2,7 +2,12 @@
 
   python benchmarks/peers/run_all.py                       # generation, 3 repeats, 2 threads
   python benchmarks/peers/run_all.py --perplexity
-  python benchmarks/peers/run_all.py --models smollm2-135m --peers llamacpp executorch
+  python benchmarks/peers/run_all.py --models smollm2-135m --peers edgeflash llamacpp executorch
+  python benchmarks/peers/run_all.py --rounds 3            # side by side, interleaved, with ratios
+
+With --rounds R every peer runs R times, interleaved (edgeflash, llama.cpp, ExecuTorch, ...,
+again), so a burst of load on this shared machine hits all of them alike; the table then shows the
+median over rounds of each run's best repeat and edgeflash's ratio to each peer.
 
 JSON per run goes to bench-out/results/<peer>-<model>[-ppl].json. The greedy tokens of each peer
 are compared with transformers' (fp32, the numerical reference): "same prefix" counts how many
@@ -20,13 +25,21 @@ from pathlib import Path
 from models import BENCH_OUT, MODELS
 
 HERE = Path(__file__).resolve().parent
-PEERS = {"llamacpp": "run_llamacpp.py", "executorch": "run_executorch.py", "transformers": "run_transformers.py"}
+# peer -> (runner, extra flags)
+PEERS = {
+    "edgeflash": ("run_edgeflash.py", []),  # the GGUF itself, q8x2 activations
+    "edgeflash-q8": ("run_edgeflash.py", ["--activations", "q8"]),  # ggml-style activations
+    "llamacpp": ("run_llamacpp.py", []),
+    "executorch": ("run_executorch.py", []),
+    "transformers": ("run_transformers.py", []),
+}
 # Prompt length per model, as in the measurements these benchmarks reproduce.
 DEFAULT_PROMPT_TOKENS = {"gemma3-270m": 500, "smollm2-135m": 400}
 
 
-def result_path(peer: str, model: str, args: argparse.Namespace) -> Path:
-    return BENCH_OUT / "results" / f"{peer}-{model}{'-ppl' if args.perplexity else ''}.json"
+def result_path(peer: str, model: str, args: argparse.Namespace, round_no: int = 0) -> Path:
+    suffix = f"-r{round_no}" if round_no else ""
+    return BENCH_OUT / "results" / f"{peer}-{model}{'-ppl' if args.perplexity else ''}{suffix}.json"
 
 
 def load_saved(peer: str, model: str, args: argparse.Namespace) -> dict | None:
@@ -34,10 +47,11 @@ def load_saved(peer: str, model: str, args: argparse.Namespace) -> dict | None:
     return json.loads(path.read_text()) if path.exists() else None
 
 
-def run_one(peer: str, model: str, args: argparse.Namespace) -> dict | None:
-    out = result_path(peer, model, args)
-    cmd = [sys.executable, str(HERE / PEERS[peer]), "--model", model, "--threads", str(args.threads),
-           "--out", str(out)]
+def run_one(peer: str, model: str, args: argparse.Namespace, round_no: int = 0) -> dict | None:
+    out = result_path(peer, model, args, round_no)
+    runner, extra = PEERS[peer]
+    cmd = [sys.executable, str(HERE / runner), "--model", model, "--threads", str(args.threads),
+           "--out", str(out), *extra]
     if args.perplexity:
         cmd.append("--perplexity")
     else:
@@ -77,6 +91,28 @@ def generation_table(results: dict[tuple[str, str], dict]) -> str:
     return "\n".join(rows)
 
 
+def side_by_side_table(rounds: list[dict[tuple[str, str], dict]]) -> str:
+    """Median over rounds of each run's best repeat, and edgeflash's ratio to each peer."""
+    import statistics
+
+    keys = sorted({k for r in rounds for k in r}, key=lambda k: (k[0], list(PEERS).index(k[1])))
+    med = {}
+    for key in keys:
+        runs = [r[key] for r in rounds if key in r]
+        med[key] = {m: statistics.median(x[f"best_{m}"] for x in runs) for m in ("prefill_tok_s", "decode_tok_s")}
+        med[key]["rss"] = statistics.median(x["peak_rss_bytes"] for x in runs) / 2**20
+        med[key]["n"] = len(runs)
+    rows = ["| model | peer | rounds | prefill tok/s | decode tok/s | peak RSS MB | edgeflash prefill ratio | "
+            "edgeflash decode ratio |", "|" + "---|" * 8]
+    for model, peer in keys:
+        m = med[(model, peer)]
+        ours = med.get((model, "edgeflash"))
+        ratio = (lambda a: f"{ours[a] / m[a]:.2f}x") if ours and peer != "edgeflash" else (lambda a: "-")
+        rows.append(f"| {model} | {peer} | {m['n']} | {m['prefill_tok_s']:.1f} | {m['decode_tok_s']:.1f} | "
+                    f"{m['rss']:.0f} | {ratio('prefill_tok_s')} | {ratio('decode_tok_s')} |")
+    return "\n".join(rows)
+
+
 def perplexity_table(results: dict[tuple[str, str], dict]) -> str:
     rows = ["| model | peer | perplexity | tokens scored |", "|---|---|---|---|"]
     for (model, peer), r in results.items():
@@ -87,14 +123,28 @@ def perplexity_table(results: dict[tuple[str, str], dict]) -> str:
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--models", nargs="+", default=list(MODELS), choices=list(MODELS))
-    p.add_argument("--peers", nargs="+", default=list(PEERS), choices=list(PEERS))
+    p.add_argument("--peers", nargs="+", default=["edgeflash", "llamacpp", "executorch", "transformers"],
+                   choices=list(PEERS))
     p.add_argument("--prompt-tokens", type=int)
     p.add_argument("--max-new-tokens", type=int, default=128)
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--repeat", type=int, default=3)
     p.add_argument("--perplexity", action="store_true")
     p.add_argument("--table-only", action="store_true", help="print the table from saved results, run nothing")
+    p.add_argument("--rounds", type=int, default=0, help="interleaved side-by-side rounds (0: one plain sweep)")
     args = p.parse_args()
+    if args.rounds and not args.perplexity:
+        rounds = []
+        for round_no in range(1, args.rounds + 1):
+            done = {}
+            for model in args.models:
+                for peer in args.peers:
+                    r = run_one(peer, model, args, round_no)
+                    if r is not None:
+                        done[(model, peer)] = r
+            rounds.append(done)
+        print(side_by_side_table(rounds))
+        return
     results = {}
     for model in args.models:
         for peer in args.peers:

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import sys
 
-from edgeflash.cli import chat, export, generate, inspect, probe_io, serve
+from edgeflash.cli import bench, chat, export, generate, inspect, probe_io, serve
 from edgeflash.cli.args import OneLineParser
 from edgeflash.errors import UserError
 
-SUBCOMMANDS = [generate, chat, serve, export, inspect, probe_io]
+SUBCOMMANDS = [generate, chat, serve, export, inspect, bench, probe_io]
 
 
 def build_parser() -> OneLineParser:
