@@ -39,6 +39,7 @@ def run_export(model: str, quant: str, out: Path, extra: list[str]) -> dict:
     return {"model": model, "quant": quant, "wall_s": round(wall, 1),
             "cpu_s": round(usage.ru_utime + usage.ru_stime - usage_before.ru_utime - usage_before.ru_stime, 1),
             "load_before": round(load_before, 2), "load_after": round(os.getloadavg()[0], 2),
+            "peak_rss_mib": round(usage.ru_maxrss / 1024),  # the largest child so far: the export
             "stages_wall_s": report.get("timings_s"), "stages_cpu_s": report.get("cpu_s"),
             "bundle_mib": round(summary["weights_bytes"] / 2**20, 1),
             "perplexity": report.get("perplexity"), "baseline": report.get("baseline"),
@@ -63,7 +64,8 @@ def main(argv: list[str] | None = None) -> int:
             ppl = r["perplexity"] or {}
             base = r["baseline"] or {}
             print(f"{r['model']:<14} {r['quant']:<12} wall {r['wall_s']:>6.1f} s ({r['wall_s'] / TARGET_S:.2f} of the "
-                  f"{TARGET_S:.0f} s target), cpu {r['cpu_s']:>6.1f} s, load {r['load_before']}->{r['load_after']}, "
+                  f"{TARGET_S:.0f} s target), cpu {r['cpu_s']:>6.1f} s, peak RSS {r['peak_rss_mib']} MiB, "
+                  f"load {r['load_before']}->{r['load_after']}, "
                   f"bundle {r['bundle_mib']} MiB, ppl {ppl.get('source')} -> {ppl.get('exported')}"
                   + (f" (round-to-nearest {base.get('perplexity')})" if base else ""), flush=True)
             print("    stages wall/cpu s: " + ", ".join(

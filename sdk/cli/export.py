@@ -14,7 +14,7 @@ HELP = "export a model to an edgeflash bundle"
 DESCRIPTION = """Export SOURCE (a GGUF file, a Hugging Face directory or a model alias) to the bundle
 directory OUT: quantize with --quant, calibrate on text (sparsity thresholds, hot-first neuron
 order, predictors, token frequencies), write 4 KiB-aligned checksummed blocks, and print a
-quality report (perplexity against the unquantized source on held-out text).
+quality report (perplexity against the source model on held-out text).
 
 schemes: keep, f16, q8_0, q4_0, q4_0-rtn, q4_1, q4_1-rtn, q4_k, q4_lut, q4_0-mixed, q4_lut-mixed,
   or mixed:ROLE=FORMAT[/METHOD][@GROUP],... with roles embedding, head, attention, ffn, norm, *
@@ -49,7 +49,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--target", default="bundle", help="output kind (default: %(default)s)")
     p.add_argument("--calibration", type=Path, metavar="TEXTFILE",
                    help="calibration text (default: the shakespeare calibration split)")
-    p.add_argument("--calibration-tokens", type=positive_int, default=2048, help="default: %(default)s")
+    p.add_argument("--calibration-tokens", type=positive_int, default=2048,
+                   help="calibration tokens run through the model (default: %(default)s)")
     p.add_argument("--eval-tokens", type=non_negative_int, default=1024,
                    help="held-out tokens for perplexity; 0 skips evaluation (default: %(default)s)")
     p.add_argument("--sparsity-eval-tokens", type=positive_int, default=512,
