@@ -79,7 +79,7 @@ void dequant_f(const uint8_t* row, int64_t cols, float* out) {
   for (; i < cols; ++i) out[i] = load_w1<F16>(row, i);
 }
 
-void quantize_acts(const float* x, int64_t cols, int8_t* q, float* d, float* s16) {
+void quantize_acts(const float* x, int64_t cols, int8_t* q, float* d, float* s16, int32_t* sum16) {
   for (int64_t b = 0; b < cols / 32; ++b) {
     const float* xb = x + 32 * b;
     float32x4_t v[8];
@@ -95,8 +95,10 @@ void quantize_acts(const float* x, int64_t cols, int8_t* q, float* d, float* s16
     for (int k = 0; k < 8; ++k) i32[k] = vcvtnq_s32_f32(vmulq_n_f32(v[k], id));
     const int32x4_t h0 = vaddq_s32(vaddq_s32(i32[0], i32[1]), vaddq_s32(i32[2], i32[3]));
     const int32x4_t h1 = vaddq_s32(vaddq_s32(i32[4], i32[5]), vaddq_s32(i32[6], i32[7]));
-    s16[2 * b] = d[b] * static_cast<float>(vaddvq_s32(h0));
-    s16[2 * b + 1] = d[b] * static_cast<float>(vaddvq_s32(h1));
+    sum16[2 * b] = vaddvq_s32(h0);
+    sum16[2 * b + 1] = vaddvq_s32(h1);
+    s16[2 * b] = d[b] * static_cast<float>(sum16[2 * b]);
+    s16[2 * b + 1] = d[b] * static_cast<float>(sum16[2 * b + 1]);
     for (int k = 0; k < 2; ++k) {
       const int16x8_t a = vcombine_s16(vqmovn_s32(i32[4 * k]), vqmovn_s32(i32[4 * k + 1]));
       const int16x8_t c = vcombine_s16(vqmovn_s32(i32[4 * k + 2]), vqmovn_s32(i32[4 * k + 3]));

@@ -70,7 +70,7 @@ void dequant(const uint8_t* row, int64_t cols, float* out) {
   }
 }
 
-void quantize_acts(const float* x, int64_t cols, int8_t* q, float* d, float* s16) {
+void quantize_acts(const float* x, int64_t cols, int8_t* q, float* d, float* s16, int32_t* sum16) {
   for (int64_t b = 0; b < cols / 32; ++b) {
     const float* xb = x + 32 * b;
     float amax = 0.0f;
@@ -85,6 +85,7 @@ void quantize_acts(const float* x, int64_t cols, int8_t* q, float* d, float* s16
         sum += q[32 * b + k];
       }
       s16[2 * b + h] = d[b] * static_cast<float>(sum);
+      sum16[2 * b + h] = sum;
     }
   }
 }

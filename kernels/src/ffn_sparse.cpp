@@ -66,7 +66,7 @@ void ffn_sparse(const NeuronArena& arena, const float* x, int64_t n_tok, const i
   const bool need_q8 = format_info(arena.gate).quantized || format_info(arena.up).quantized;
   thread_local QuantizedActs xq;
   if (need_q8) xq.quantize(x, n_tok, dm);
-  const Q8View xv{xq.q(), xq.d(), xq.s16(), xq.d8(), dm};
+  const Q8View xv = q8_view(xq);
 
   // Dot products of rows gathered by slot id: y[t * ldy + r] for r < count.
   auto dots = [&](Format fmt, size_t offset, const int32_t* ids, int64_t count, float* y) {

@@ -22,12 +22,19 @@ struct RowsView {
 
 // Q8 activations of n tokens (see QuantizedActs).
 struct Q8View {
-  const int8_t* q;   // [n, cols]
-  const float* d;    // [n, cols / 32]
-  const float* s16;  // [n, cols / 16]
-  const float* d8;   // [n, cols / 32, 8]: each scale repeated 8 times (full-width vector loads)
+  const int8_t* q;      // [n, cols]
+  const float* d;       // [n, cols / 32]
+  const float* s16;     // [n, cols / 16]
+  const float* d8;      // [n, cols / 32, 8]: each scale repeated 8 times (full-width vector loads)
+  const int32_t* ns16;  // [n, cols / 16]: minus the code sum of each half
+  const int32_t* ns32;  // [n, cols / 32]: minus the code sum of each block
+  const float* s32;     // [n, cols / 32]: d * code sum of each block
   int64_t cols;
 };
+
+inline Q8View q8_view(const QuantizedActs& a) {
+  return Q8View{a.q(), a.d(), a.s16(), a.d8(), a.nsum16(), a.nsum32(), a.s32(), a.cols()};
+}
 
 // y[t * ldy + (r - r0)] for rows r in [r0, r1) and tokens t in [t0, t1).
 using GemmQ8Fn = void (*)(const RowsView& w, int64_t r0, int64_t r1, const Q8View& x, int64_t t0, int64_t t1,
@@ -36,7 +43,8 @@ using GemmQ8Fn = void (*)(const RowsView& w, int64_t r0, int64_t r1, const Q8Vie
 using GemmF32Fn = void (*)(const RowsView& w, int64_t r0, int64_t r1, const float* x, int64_t t0, int64_t t1,
                            float* y, int64_t ldy);
 using DequantRowFn = void (*)(const uint8_t* row, int64_t cols, float* out);
-using QuantizeActsFn = void (*)(const float* x, int64_t cols, int8_t* q, float* d, float* s16);
+// One row of activations -> codes q, scales d, scaled half sums s16 = d * sum16, integer half sums.
+using QuantizeActsFn = void (*)(const float* x, int64_t cols, int8_t* q, float* d, float* s16, int32_t* sum16);
 
 // Sparse-FFN down step: out[t, :] += sum_i h[t * cnt + i] * row_i for cnt quantized rows of dm
 // elements (a neuron's down column). scratch: n_tok * dm / 16 floats (per-half offset sums).

@@ -33,16 +33,22 @@ RowsView view_of(const WeightMatrix& w, const int32_t* index) {
 
 // Row chunk per task: enough tasks to balance the threads, few enough that claiming is cheap;
 // with many tokens, small enough that a chunk of weights stays in L1/L2 across token tiles.
+// Chunks are whole 16-row panels (the AVX-512 GEMM's unit of work; the results of a row never
+// depend on the chunking, only the speed does).
 int64_t rows_per_task(int64_t rows, int64_t n_tok, size_t row_bytes_) {
+  constexpr int64_t kPanel = 16;
   const int64_t threads = get_num_threads();
   int64_t chunk = threads == 1 ? rows : std::max<int64_t>(8, (rows + 4 * threads - 1) / (4 * threads));
   if (n_tok > 4) chunk = std::min<int64_t>(chunk, std::max<int64_t>(4, (24 << 10) / static_cast<int64_t>(row_bytes_)));
+  // Prefill-sized batches: one panel per task, so two threads split the panels evenly.
+  if (n_tok > 8 && threads > 1) chunk = kPanel;
+  chunk = (chunk + kPanel - 1) / kPanel * kPanel;
   return std::max<int64_t>(1, std::min(chunk, rows));
 }
 
 void run_gemm_q8(const RowsView& v, int64_t rows, size_t rb, Format fmt, const QuantizedActs& xq, float* y) {
   const GemmQ8Fn fn = kernels().gemm_q8[int(fmt)].fn;
-  const Q8View xv{xq.q(), xq.d(), xq.s16(), xq.d8(), xq.cols()};
+  const Q8View xv = q8_view(xq);
   const int64_t n = xq.n(), chunk = rows_per_task(rows, n, rb);
   const int64_t tasks = (rows + chunk - 1) / chunk;
   ThreadPool::global().run(tasks, [&](int64_t task, int) {
@@ -116,13 +122,26 @@ void QuantizedActs::quantize(const float* x, int64_t n, int64_t cols) {
   if (d_.size() < static_cast<size_t>(n * cols / 32)) d_.resize(static_cast<size_t>(n * cols / 32));
   if (s16_.size() < static_cast<size_t>(n * cols / 16)) s16_.resize(static_cast<size_t>(n * cols / 16));
   if (d8_.size() < static_cast<size_t>(n * cols / 4)) d8_.resize(static_cast<size_t>(n * cols / 4));
+  if (ns16_.size() < static_cast<size_t>(n * cols / 16)) ns16_.resize(static_cast<size_t>(n * cols / 16));
+  if (ns32_.size() < static_cast<size_t>(n * cols / 32)) ns32_.resize(static_cast<size_t>(n * cols / 32));
+  if (s32_.size() < static_cast<size_t>(n * cols / 32)) s32_.resize(static_cast<size_t>(n * cols / 32));
   const QuantizeActsFn fn = kernels().quantize_acts.fn;
   auto one = [&](int64_t t, int) {
-    fn(x + t * cols, cols, q_.data() + t * cols, d_.data() + t * cols / 32, s16_.data() + t * cols / 16);
-    float* d8 = d8_.data() + t * cols / 4;
-    const float* d = d_.data() + t * cols / 32;
-    for (int64_t u = 0; u < cols / 32; ++u)
+    const int64_t nb = cols / 32;
+    int32_t* ns16 = ns16_.data() + t * 2 * nb;  // the kernel writes the half sums; stored negated below
+    fn(x + t * cols, cols, q_.data() + t * cols, d_.data() + t * nb, s16_.data() + t * 2 * nb, ns16);
+    float* d8 = d8_.data() + t * 8 * nb;
+    const float* d = d_.data() + t * nb;
+    int32_t* ns32 = ns32_.data() + t * nb;
+    float* s32 = s32_.data() + t * nb;
+    for (int64_t u = 0; u < nb; ++u) {
       for (int k = 0; k < 8; ++k) d8[8 * u + k] = d[u];
+      const int32_t sum = ns16[2 * u] + ns16[2 * u + 1];
+      ns16[2 * u] = -ns16[2 * u];
+      ns16[2 * u + 1] = -ns16[2 * u + 1];
+      ns32[u] = -sum;
+      s32[u] = d[u] * static_cast<float>(sum);
+    }
   };
   if (n * cols < (1 << 15)) {
     for (int64_t t = 0; t < n; ++t) one(t, 0);

@@ -76,7 +76,7 @@ void dequant_f(const uint8_t* row, int64_t cols, float* out) {
 }
 
 // Q8 activations: per block of 32, scale = max|x| / 127, codes rounded to nearest even.
-void quantize_acts(const float* x, int64_t cols, int8_t* q, float* d, float* s16) {
+void quantize_acts(const float* x, int64_t cols, int8_t* q, float* d, float* s16, int32_t* sum16) {
   const __m256 sign = _mm256_set1_ps(-0.0f);
   for (int64_t b = 0; b < cols / 32; ++b) {
     const float* xb = x + 32 * b;
@@ -95,8 +95,11 @@ void quantize_acts(const float* x, int64_t cols, int8_t* q, float* d, float* s16
     // half sums from the int32 codes
     const __m256i h0 = _mm256_add_epi32(i32[0], i32[1]), h1 = _mm256_add_epi32(i32[2], i32[3]);
     const __m256 f0 = _mm256_cvtepi32_ps(h0), f1 = _mm256_cvtepi32_ps(h1);
-    s16[2 * b] = d[b] * hsum(f0);
-    s16[2 * b + 1] = d[b] * hsum(f1);
+    const float sum0 = hsum(f0), sum1 = hsum(f1);  // exact: integers below 2^24
+    s16[2 * b] = d[b] * sum0;
+    s16[2 * b + 1] = d[b] * sum1;
+    sum16[2 * b] = static_cast<int32_t>(sum0);
+    sum16[2 * b + 1] = static_cast<int32_t>(sum1);
     const __m256i p01 = _mm256_packs_epi32(i32[0], i32[1]), p23 = _mm256_packs_epi32(i32[2], i32[3]);
     __m256i p = _mm256_packs_epi16(p01, p23);
     p = _mm256_permutevar8x32_epi32(p, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));

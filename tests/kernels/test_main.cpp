@@ -141,6 +141,13 @@ int main(int argc, char** argv) {
 
   test_thread_pool();
   std::printf("thread pool: %s\n", stats().failures == 0 ? "tasks ran concurrently on distinct threads" : "FAILURES");
+  // The reference twin is batch invariant too (the SIMD levels are checked in the loop below).
+  ef::use_isa("ref");
+  {
+    const int before = stats().failures;
+    test_batch_invariance();
+    std::printf("level %-13s: %s\n", "ref", stats().failures == before ? "GEMM batch invariant (1..70 tokens, 1 and 2 threads)" : "FAILURES");
+  }
   int tested = 0;
   for (const auto& isa : isas) {
     if (isa == "ref") continue;
@@ -151,6 +158,7 @@ int main(int argc, char** argv) {
       ef::use_isa(isa);
       const int before = stats().failures;
       test_linear();
+      if (threads == 1) test_batch_invariance();  // runs itself at 1 and 2 threads
       test_ffn();
       test_attention();
       test_elementwise();

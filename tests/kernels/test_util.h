@@ -52,6 +52,7 @@ std::vector<uint8_t> random_weights(ef::Format f, int64_t rows, int64_t cols);
 std::vector<float> ref_dequant(ef::Format f, const std::vector<uint8_t>& w, int64_t rows, int64_t cols);
 
 void test_linear();
+void test_batch_invariance();
 void test_ffn();
 void test_attention();
 void test_elementwise();

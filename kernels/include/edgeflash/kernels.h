@@ -37,11 +37,16 @@ class QuantizedActs {
   const float* d() const { return d_.data(); }       // [n, cols / 32]
   const float* s16() const { return s16_.data(); }   // [n, cols / 16]
   const float* d8() const { return d8_.data(); }     // [n, cols / 32, 8]: d repeated for vector loads
+  // Integer code sums (weight code offsets are corrected in integers) and the scaled block sums.
+  const int32_t* nsum16() const { return ns16_.data(); }  // [n, cols / 16]: minus the code sum of each half
+  const int32_t* nsum32() const { return ns32_.data(); }  // [n, cols / 32]: minus the code sum of each block
+  const float* s32() const { return s32_.data(); }        // [n, cols / 32]: d * code sum of each block
 
  private:
   int64_t n_ = 0, cols_ = 0;
   std::vector<int8_t> q_;
-  std::vector<float> d_, s16_, d8_;
+  std::vector<float> d_, s16_, d8_, s32_;
+  std::vector<int32_t> ns16_, ns32_;
 };
 
 // Precision of the activations for quantized weights: q8 = ggml-style integer dot products on

@@ -1,0 +1,560 @@
+// AVX-512 VNNI quantized GEMM on 16-row panels: the 16 int32 lanes of a register are 16 weight
+// rows, so one vpdpbusd multiplies 4 codes of 16 rows by 4 activation codes of one token
+// (broadcast from memory), and the per-block float work (convert, scale, accumulate) is done for
+// 16 rows at once instead of once per row.
+//
+// Weights stay in their GGML layout. A panel is decoded on the fly: the codes of each 32-element
+// block ("unit") of the 16 rows are transposed into 8 registers (register g, lane i = codes
+// 4g..4g+3 of row i, as unsigned bytes), and the scales of all units are gathered first into a
+// small per-thread table (lane i = row i). With up to 8 tokens the decoded registers are used
+// at once; with more, the whole panel is decoded once into per-thread scratch (L1/L2) and every
+// tile of 8 tokens reads it from there, so weight decoding is amortized over all tokens.
+//
+// Batch invariance: every output y[t, r] is computed by the same sequence of float operations
+// whatever the number of tokens, the tile a token falls in, the panel or lane a row falls in and
+// the thread split: for each unit u in order (x codes q, scale dx, unit code sum S):
+//     isum = sum_k c[k] q[k] - o * S             (exact int32; o = code offset, 0 if none)
+//     acc  = fma(float(isum), a_u * dx, acc)     (split formats: once per 16-element half)
+//     acc  = fma(b_u, dx * S, acc)               (formats with a float offset: q4_1, q4_k)
+// and y = acc. Only integer sums (exact in any order) are reassociated.
+#pragma once
+
+#include <algorithm>
+#include <memory>
+
+#include "kernel_table.h"
+#include "x86_common.h"
+
+namespace ef::x86 {
+namespace {
+
+// The helpers below pass registers in small arrays; they must be inlined to stay in registers.
+#define EF_INLINE inline __attribute__((always_inline))
+
+constexpr int kPanelRows = 16;  // rows per panel = int32 lanes of a zmm register
+constexpr int kTileTokens = 8;  // tokens per register tile
+
+// The rows of one panel. Lanes past the last row repeat the first row, so every load stays
+// inside the matrix; their results are never stored.
+struct Panel {
+  const uint8_t* p[kPanelRows];
+};
+
+// The next panel's bytes, requested a slice per decoded step while this panel is computed, when
+// the matrix streams from DRAM (the 16 row streams of a panel defeat the hardware prefetcher).
+struct Prefetch {
+  const uint8_t* next = nullptr;  // null: no prefetch
+  size_t slice = 0;               // bytes per step
+  EF_INLINE void step(int64_t s) const {
+    if (!next) return;
+    const char* p = reinterpret_cast<const char*>(next) + static_cast<size_t>(s) * slice;
+    for (size_t b = 0; b < slice; b += 64) _mm_prefetch(p + b, _MM_HINT_T0);
+  }
+};
+
+// Per-thread scratch aligned to 64 bytes (slot 0: scale table, slot 1: decoded panel codes).
+template <class T>
+T* panel_scratch(size_t count, int slot) {
+  thread_local std::unique_ptr<uint8_t[]> buf[2];
+  thread_local size_t cap[2] = {0, 0};
+  const size_t bytes = count * sizeof(T) + 64;
+  if (cap[slot] < bytes) {
+    buf[slot].reset(new uint8_t[bytes]);
+    cap[slot] = bytes;
+  }
+  return reinterpret_cast<T*>((reinterpret_cast<uintptr_t>(buf[slot].get()) + 63) & ~static_cast<uintptr_t>(63));
+}
+
+typedef int32_t __attribute__((may_alias, aligned(1))) unaligned_i32;
+
+// acc += dot4(w, the 4 activation codes at p in every lane). Written as one instruction with an
+// embedded broadcast operand: the compiler would otherwise issue a separate broadcast load per
+// dot product (GCC 12 does not fold it), doubling the uops of the inner loop.
+EF_INLINE __m512i dot4_bcast(__m512i acc, __m512i w, const int8_t* p) {
+  return _mm512_dpbusd_epi32(acc, w, _mm512_set1_epi32(*reinterpret_cast<const unaligned_i32*>(p)));
+}
+
+inline __m512i splat8(int v) { return _mm512_set1_epi8(static_cast<char>(v)); }
+
+// ---------------------------------------------------------------- transposes of 16 rows
+
+// 16 bytes at `off` of every row -> o[j] lane i = bytes 4j..4j+3 of row i.
+EF_INLINE void transpose16x4(const Panel& P, size_t off, __m512i o[4]) {
+  // z[k] holds rows k, 4+k, 8+k, 12+k in its 128-bit lanes; two unpack stages then leave dword j
+  // of row 4l+k in lane 4l+k of o[j].
+  __m512i z[4];
+  for (int k = 0; k < 4; ++k) {
+    __m512i v = _mm512_castsi128_si512(_mm_loadu_si128(reinterpret_cast<const __m128i*>(P.p[k] + off)));
+    v = _mm512_inserti32x4(v, _mm_loadu_si128(reinterpret_cast<const __m128i*>(P.p[4 + k] + off)), 1);
+    v = _mm512_inserti32x4(v, _mm_loadu_si128(reinterpret_cast<const __m128i*>(P.p[8 + k] + off)), 2);
+    z[k] = _mm512_inserti32x4(v, _mm_loadu_si128(reinterpret_cast<const __m128i*>(P.p[12 + k] + off)), 3);
+  }
+  const __m512i u0 = _mm512_unpacklo_epi32(z[0], z[1]), u1 = _mm512_unpackhi_epi32(z[0], z[1]);
+  const __m512i u2 = _mm512_unpacklo_epi32(z[2], z[3]), u3 = _mm512_unpackhi_epi32(z[2], z[3]);
+  o[0] = _mm512_unpacklo_epi64(u0, u2);
+  o[1] = _mm512_unpackhi_epi64(u0, u2);
+  o[2] = _mm512_unpacklo_epi64(u1, u3);
+  o[3] = _mm512_unpackhi_epi64(u1, u3);
+}
+
+// r[m] = [row lo(m) | row lo(m) + 4] (32 bytes each) with lo(m) = 8 (m / 4) + m % 4
+// -> o[g] lane i = bytes 4g..4g+3 of row i. (That row placement makes the network below, two
+// unpack stages and one 128-bit lane shuffle, come out in natural row order.)
+EF_INLINE void transpose16x8_regs(const __m512i r[8], __m512i o[8]) {
+  __m512i v[2][4];
+  for (int M = 0; M < 2; ++M) {
+    const __m512i lo_ab = _mm512_unpacklo_epi32(r[4 * M], r[4 * M + 1]);
+    const __m512i hi_ab = _mm512_unpackhi_epi32(r[4 * M], r[4 * M + 1]);
+    const __m512i lo_cd = _mm512_unpacklo_epi32(r[4 * M + 2], r[4 * M + 3]);
+    const __m512i hi_cd = _mm512_unpackhi_epi32(r[4 * M + 2], r[4 * M + 3]);
+    v[M][0] = _mm512_unpacklo_epi64(lo_ab, lo_cd);
+    v[M][1] = _mm512_unpackhi_epi64(lo_ab, lo_cd);
+    v[M][2] = _mm512_unpacklo_epi64(hi_ab, hi_cd);
+    v[M][3] = _mm512_unpackhi_epi64(hi_ab, hi_cd);
+  }
+  for (int j = 0; j < 4; ++j) {
+    o[j] = _mm512_shuffle_i32x4(v[0][j], v[1][j], _MM_SHUFFLE(2, 0, 2, 0));
+    o[4 + j] = _mm512_shuffle_i32x4(v[0][j], v[1][j], _MM_SHUFFLE(3, 1, 3, 1));
+  }
+}
+
+inline int t8_row(int m) { return 8 * (m >> 2) + (m & 3); }
+
+// 32 bytes at `off` of every row (only the bytes in Mask are read; the rest are zero)
+// -> o[g] lane i = bytes 4g..4g+3 of row i.
+template <uint32_t Mask = 0xFFFFFFFFu>
+EF_INLINE void transpose16x8(const Panel& P, size_t off, __m512i o[8]) {
+  auto load = [&](const uint8_t* p) {
+    if constexpr (Mask == 0xFFFFFFFFu) {
+      return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+    } else {
+      return _mm256_maskz_loadu_epi8(Mask, p);
+    }
+  };
+  __m512i r[8];
+  for (int m = 0; m < 8; ++m) {
+    const int lo = t8_row(m);
+    r[m] = _mm512_inserti64x4(_mm512_castsi256_si512(load(P.p[lo] + off)), load(P.p[lo + 4] + off), 1);
+  }
+  transpose16x8_regs(r, o);
+}
+
+// ---------------------------------------------------------------- scale gathering
+
+struct HalfIdx {
+  uint16_t v[32];
+};
+// Word w -> the fp16 field of block w % 4 (fields at byte Off of blocks of BB bytes).
+template <int Off, int BB>
+constexpr HalfIdx field_index() {
+  HalfIdx h{};
+  for (int w = 0; w < 32; ++w) h.v[w] = static_cast<uint16_t>((Off + (w & 3) * BB) / 2);
+  return h;
+}
+// Word m < 16 -> word 4 (m % 8) + j of collector m / 8 (permutex2var numbering: +32 for the second).
+constexpr HalfIdx unit_index(int j) {
+  HalfIdx h{};
+  for (int m = 0; m < 16; ++m) h.v[m] = static_cast<uint16_t>((m < 8 ? 0 : 32) + 4 * (m & 7) + j);
+  return h;
+}
+alignas(64) constexpr HalfIdx kUnitIdx[4] = {unit_index(0), unit_index(1), unit_index(2), unit_index(3)};
+
+inline __m512i load_idx(const HalfIdx& h) { return _mm512_loadu_si512(h.v); }
+
+// The fp16 field at byte Off of nb (1..4) consecutive blocks of BB bytes starting at byte `at` of
+// every row -> out[j] lane i = that field of block j of row i, as float. Loads never pass the nb
+// blocks. Each row's 4 fields are picked by one word permute into a 4-word slot of a collector
+// register (8 rows per collector), then one permute per block gathers the 16 rows.
+template <int Off, int BB>
+EF_INLINE void fields16x4(const Panel& P, size_t at, int nb, __m512 out[4]) {
+  static_assert(Off % 2 == 0 && BB % 2 == 0 && Off + 2 <= BB, "fp16 fields at even offsets inside the block");
+  constexpr bool kTwoLoads = Off + 3 * BB + 2 > 64;
+  alignas(64) static constexpr HalfIdx kIdx = field_index<Off, BB>();
+  const __m512i idx = load_idx(kIdx);
+  const int bytes = nb * BB;
+  const __mmask64 m0 = bytes >= 64 ? ~0ull : (1ull << bytes) - 1;
+  const __mmask64 m1 = bytes >= 128 ? ~0ull : bytes <= 64 ? 0ull : (1ull << (bytes - 64)) - 1;
+  __m512i coll[2] = {_mm512_setzero_si512(), _mm512_setzero_si512()};
+  for (int i = 0; i < kPanelRows; ++i) {
+    const __mmask32 slot = 0xFu << (4 * (i & 7));
+    const __m512i a = _mm512_maskz_loadu_epi8(m0, P.p[i] + at);
+    if constexpr (kTwoLoads) {
+      const __m512i b = _mm512_maskz_loadu_epi8(m1, P.p[i] + at + 64);
+      coll[i >> 3] = _mm512_mask_mov_epi16(coll[i >> 3], slot, _mm512_permutex2var_epi16(a, idx, b));
+    } else {
+      coll[i >> 3] = _mm512_mask_permutexvar_epi16(coll[i >> 3], slot, idx, a);
+    }
+  }
+  for (int j = 0; j < 4; ++j) {
+    const __m512i h = _mm512_permutex2var_epi16(coll[0], load_idx(kUnitIdx[j]), coll[1]);
+    out[j] = _mm512_cvtph_ps(_mm512_castsi512_si256(h));
+  }
+}
+
+// Scale table of 32-block formats: tab[(u * SV + slot) * 16 + i] = field at Off of block u, row i.
+template <int Off, int BB, int SV, int Slot>
+EF_INLINE void block_fields(const Panel& P, size_t header, int64_t nu, float* tab) {
+  for (int64_t u0 = 0; u0 < nu; u0 += 4) {
+    const int nb = static_cast<int>(std::min<int64_t>(4, nu - u0));
+    __m512 f[4];
+    fields16x4<Off, BB>(P, header + static_cast<size_t>(u0) * BB, nb, f);
+    for (int j = 0; j < nb; ++j) _mm512_store_ps(tab + ((u0 + j) * SV + Slot) * kPanelRows, f[j]);
+  }
+}
+
+EF_INLINE __m512 fp16_lanes(__m512i v) { return _mm512_cvtph_ps(_mm512_cvtepi32_epi16(v)); }
+
+// ---------------------------------------------------------------- formats
+// Each format provides:
+//   kBB          bytes per block (super-block for K-quants), kHeader bytes before the first block
+//   kStepUnits   32-element units decoded by one codes() call
+//   kSV          scale vectors per unit in the table: a (+ b for a float offset, + a_hi if split)
+//   kShift       log2 of the code offset o (the int32 sum starts at -o * S), or -1 for none
+//   kFloatBias   acc += b * dx * S after each unit (offsets that are not integer multiples of a)
+//   kSplit       the two 16-element halves of a unit have their own scale (q6_k)
+//   scales(P, nu, tab)    fills the scale table of the panel for all nu units
+//   codes(P, step, w)     w[j][g]: unsigned codes of unit step * kStepUnits + j
+
+struct PQ4_0 {
+  static constexpr int kBB = 18, kHeader = 0, kStepUnits = 1, kSV = 1, kShift = 3;
+  static constexpr bool kFloatBias = false, kSplit = false;
+  static void scales(const Panel& P, int64_t nu, float* tab) { block_fields<0, kBB, kSV, 0>(P, 0, nu, tab); }
+  static EF_INLINE void codes(const Panel& P, int64_t u, __m512i w[][8]) {
+    __m512i o[4];
+    transpose16x4(P, static_cast<size_t>(u) * kBB + 2, o);
+    const __m512i m = splat8(0x0F);
+    for (int j = 0; j < 4; ++j) {
+      w[0][j] = _mm512_and_si512(o[j], m);
+      w[0][4 + j] = _mm512_and_si512(_mm512_srli_epi32(o[j], 4), m);
+    }
+  }
+};
+
+struct PQ4_1 {
+  static constexpr int kBB = 20, kHeader = 0, kStepUnits = 1, kSV = 2, kShift = -1;
+  static constexpr bool kFloatBias = true, kSplit = false;
+  static void scales(const Panel& P, int64_t nu, float* tab) {
+    block_fields<0, kBB, kSV, 0>(P, 0, nu, tab);
+    block_fields<2, kBB, kSV, 1>(P, 0, nu, tab);
+  }
+  static EF_INLINE void codes(const Panel& P, int64_t u, __m512i w[][8]) {
+    __m512i o[4];
+    transpose16x4(P, static_cast<size_t>(u) * kBB + 4, o);
+    const __m512i m = splat8(0x0F);
+    for (int j = 0; j < 4; ++j) {
+      w[0][j] = _mm512_and_si512(o[j], m);
+      w[0][4 + j] = _mm512_and_si512(_mm512_srli_epi32(o[j], 4), m);
+    }
+  }
+};
+
+struct PQ5_0 {
+  static constexpr int kBB = 22, kHeader = 0, kStepUnits = 1, kSV = 1, kShift = 4;
+  static constexpr bool kFloatBias = false, kSplit = false;
+  static void scales(const Panel& P, int64_t nu, float* tab) { block_fields<0, kBB, kSV, 0>(P, 0, nu, tab); }
+  static EF_INLINE void codes(const Panel& P, int64_t u, __m512i w[][8]) {
+    // qh (4 bytes) and the 16 nibble bytes: 20 bytes from byte 2 of the block
+    __m512i o[8];
+    transpose16x8<0xFFFFFu>(P, static_cast<size_t>(u) * kBB + 2, o);
+    const __m512i m = splat8(0x0F), hi = splat8(0x10);
+    for (int j = 0; j < 4; ++j) {
+      w[0][j] = _mm512_and_si512(o[1 + j], m);
+      w[0][4 + j] = _mm512_and_si512(_mm512_srli_epi32(o[1 + j], 4), m);
+    }
+    // Element 4g + k takes bit 4g + k of qh, i.e. bit 4 (g % 2) + k of qh byte g / 2: copy that
+    // byte to the 4 bytes of the lane, test bit k in byte k, and add 16 where it is set.
+    const __m512i lane_base = _mm512_set4_epi32(0x0C0C0C0C, 0x08080808, 0x04040404, 0x00000000);
+    const __m512i bit[2] = {_mm512_set1_epi32(0x08040201), _mm512_set1_epi32(static_cast<int>(0x80402010u))};
+    for (int g = 0; g < 8; ++g) {
+      const __m512i qb = _mm512_shuffle_epi8(o[0], _mm512_add_epi8(lane_base, splat8(g >> 1)));
+      w[0][g] = _mm512_mask_add_epi8(w[0][g], _mm512_test_epi8_mask(qb, bit[g & 1]), w[0][g], hi);
+    }
+  }
+};
+
+struct PQ8_0 {
+  static constexpr int kBB = 34, kHeader = 0, kStepUnits = 1, kSV = 1, kShift = 7;
+  static constexpr bool kFloatBias = false, kSplit = false;
+  static void scales(const Panel& P, int64_t nu, float* tab) { block_fields<0, kBB, kSV, 0>(P, 0, nu, tab); }
+  static EF_INLINE void codes(const Panel& P, int64_t u, __m512i w[][8]) {
+    __m512i o[8];
+    transpose16x8(P, static_cast<size_t>(u) * kBB + 2, o);
+    for (int g = 0; g < 8; ++g) w[0][g] = _mm512_xor_si512(o[g], splat8(0x80));  // signed c -> c + 128
+  }
+};
+
+struct PQ4_LUT {
+  static constexpr int kBB = 16, kHeader = 32, kStepUnits = 1, kSV = 1, kShift = 7;
+  static constexpr bool kFloatBias = false, kSplit = false;
+  static void scales(const Panel& P, int64_t nu, float* tab) {
+    alignas(64) float s[kPanelRows];
+    for (int i = 0; i < kPanelRows; ++i) std::memcpy(&s[i], P.p[i], 4);
+    const __m512 a = _mm512_load_ps(s);
+    for (int64_t u = 0; u < nu; ++u) _mm512_store_ps(tab + u * kPanelRows, a);
+  }
+  static EF_INLINE void codes(const Panel& P, int64_t u, __m512i w[][8]) {
+    // Each row has its own 16-level table, so the codes are looked up row by row (two rows per
+    // 256-bit shuffle, one table per 128-bit lane) before the transpose.
+    const size_t off = kHeader + static_cast<size_t>(u) * kBB;
+    const __m256i m = _mm256_set1_epi8(0x0F);
+    __m512i r[8];
+    for (int k = 0; k < 8; ++k) {
+      const int lo = t8_row(k), hi = lo + 4;
+      const __m256i q = _mm256_loadu2_m128i(reinterpret_cast<const __m128i*>(P.p[hi] + off),
+                                            reinterpret_cast<const __m128i*>(P.p[lo] + off));
+      const __m256i lut = _mm256_loadu2_m128i(reinterpret_cast<const __m128i*>(P.p[hi] + 4),
+                                              reinterpret_cast<const __m128i*>(P.p[lo] + 4));
+      const __m256i c0 = _mm256_shuffle_epi8(lut, _mm256_and_si256(q, m));                         // elements 0-15
+      const __m256i c1 = _mm256_shuffle_epi8(lut, _mm256_and_si256(_mm256_srli_epi16(q, 4), m));  // 16-31
+      // [lo 0-15, hi 0-15, lo 16-31, hi 16-31] -> [lo 0-31 | hi 0-31]
+      const __m512i j = _mm512_inserti64x4(_mm512_castsi256_si512(c0), c1, 1);
+      r[k] = _mm512_shuffle_i64x2(j, j, _MM_SHUFFLE(3, 1, 2, 0));
+    }
+    __m512i o[8];
+    transpose16x8_regs(r, o);
+    for (int g = 0; g < 8; ++g) w[0][g] = _mm512_xor_si512(o[g], splat8(0x80));
+  }
+};
+
+// q4_k super-block (144 bytes): d, dmin (fp16), 12 bytes of 6-bit scales and minimums, then 4
+// chunks of 32 bytes; chunk c holds unit 2c in its low nibbles and unit 2c + 1 in its high ones.
+struct PQ4_K {
+  static constexpr int kBB = 144, kHeader = 0, kStepUnits = 2, kSV = 2, kShift = -1;
+  static constexpr bool kFloatBias = true, kSplit = false;
+  static void scales(const Panel& P, int64_t nu, float* tab) {
+    const __m512i m6 = _mm512_set1_epi32(63), m4 = _mm512_set1_epi32(15), m2 = _mm512_set1_epi32(3);
+    for (int64_t sb = 0; sb < nu / 8; ++sb) {
+      __m512i o[4];  // o[0] = d | dmin << 16, o[1..3] = scale bytes 0-3, 4-7, 8-11
+      transpose16x4(P, static_cast<size_t>(sb) * kBB, o);
+      const __m512 d = fp16_lanes(o[0]);
+      const __m512 nmin = _mm512_sub_ps(_mm512_setzero_ps(), fp16_lanes(_mm512_srli_epi32(o[0], 16)));
+      float* t = tab + sb * 8 * kSV * kPanelRows;
+      for (int j = 0; j < 8; ++j) {
+        __m512i sc, mn;
+        if (j < 4) {
+          sc = _mm512_and_si512(_mm512_srli_epi32(o[1], 8 * j), m6);
+          mn = _mm512_and_si512(_mm512_srli_epi32(o[2], 8 * j), m6);
+        } else {
+          const int s = 8 * (j - 4);
+          sc = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi32(o[3], s), m4),
+                               _mm512_slli_epi32(_mm512_and_si512(_mm512_srli_epi32(o[1], s + 6), m2), 4));
+          mn = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi32(o[3], s + 4), m4),
+                               _mm512_slli_epi32(_mm512_and_si512(_mm512_srli_epi32(o[2], s + 6), m2), 4));
+        }
+        _mm512_store_ps(t + (j * kSV) * kPanelRows, _mm512_mul_ps(d, _mm512_cvtepi32_ps(sc)));
+        _mm512_store_ps(t + (j * kSV + 1) * kPanelRows, _mm512_mul_ps(nmin, _mm512_cvtepi32_ps(mn)));
+      }
+    }
+  }
+  static EF_INLINE void codes(const Panel& P, int64_t step, __m512i w[][8]) {
+    __m512i o[8];
+    transpose16x8(P, static_cast<size_t>(step / 4) * kBB + 16 + 32 * (step % 4), o);
+    const __m512i m = splat8(0x0F);
+    for (int g = 0; g < 8; ++g) {
+      w[0][g] = _mm512_and_si512(o[g], m);
+      w[1][g] = _mm512_and_si512(_mm512_srli_epi32(o[g], 4), m);
+    }
+  }
+};
+
+// q6_k super-block (210 bytes): ql[128] low nibbles, qh[64] 2-bit high parts, 16 int8 scales
+// (one per 16 elements), d (fp16). Half h (128 elements) is units 4h + v, v = 0..3.
+struct PQ6_K {
+  static constexpr int kBB = 210, kHeader = 0, kStepUnits = 4, kSV = 2, kShift = 5;
+  static constexpr bool kFloatBias = false, kSplit = true;
+  static void scales(const Panel& P, int64_t nu, float* tab) {
+    for (int64_t sb = 0; sb < nu / 8; ++sb) {
+      __m512i o[8];  // o[0..3]: the 16 scales, 4 per lane; o[4]: d (18 bytes read, none past the block)
+      transpose16x8<0x3FFFFu>(P, static_cast<size_t>(sb) * kBB + 192, o);
+      const __m512 d = fp16_lanes(o[4]);
+      float* t = tab + sb * 8 * kSV * kPanelRows;
+      for (int s = 0; s < 16; ++s) {
+        const __m512i v = _mm512_srai_epi32(_mm512_slli_epi32(o[s >> 2], 24 - 8 * (s & 3)), 24);
+        // scale s covers elements 16 s .. 16 s + 15: unit s / 2, half s % 2
+        _mm512_store_ps(t + s * kPanelRows, _mm512_mul_ps(d, _mm512_cvtepi32_ps(v)));
+      }
+    }
+  }
+  static EF_INLINE void codes(const Panel& P, int64_t step, __m512i w[][8]) {
+    const size_t base = static_cast<size_t>(step / 2) * kBB;
+    const int h = static_cast<int>(step % 2);
+    __m512i a[8], b[8], q[8];
+    transpose16x8(P, base + 64 * h, a);
+    transpose16x8(P, base + 64 * h + 32, b);
+    transpose16x8(P, base + 128 + 32 * h, q);
+    const __m512i m4 = splat8(0x0F), m2 = splat8(0x30);
+    constexpr int kLowOrHigh = 0xEA;  // (A & B) | C
+    for (int g = 0; g < 8; ++g) {
+      w[0][g] = _mm512_ternarylogic_epi32(a[g], m4, _mm512_and_si512(_mm512_slli_epi32(q[g], 4), m2), kLowOrHigh);
+      w[1][g] = _mm512_ternarylogic_epi32(b[g], m4, _mm512_and_si512(_mm512_slli_epi32(q[g], 2), m2), kLowOrHigh);
+      w[2][g] = _mm512_ternarylogic_epi32(_mm512_srli_epi32(a[g], 4), m4, _mm512_and_si512(q[g], m2), kLowOrHigh);
+      w[3][g] = _mm512_ternarylogic_epi32(_mm512_srli_epi32(b[g], 4), m4, _mm512_and_si512(_mm512_srli_epi32(q[g], 2), m2),
+                                          kLowOrHigh);
+    }
+  }
+};
+
+// ---------------------------------------------------------------- the tile kernel
+
+// Activation pointers of NT consecutive tokens.
+template <int NT>
+struct Tokens {
+  const int8_t* q[NT];
+  const float* d[NT];
+  const int32_t* ns[NT];  // minus code sums: per half for split formats, per block otherwise
+  const float* s32[NT];
+  Tokens(const Q8View& x, int64_t t0, bool split) {
+    const int64_t cols = x.cols;
+    for (int t = 0; t < NT; ++t) {
+      q[t] = x.q + (t0 + t) * cols;
+      d[t] = x.d + (t0 + t) * (cols / 32);
+      ns[t] = split ? x.ns16 + (t0 + t) * (cols / 16) : x.ns32 + (t0 + t) * (cols / 32);
+      s32[t] = x.s32 + (t0 + t) * (cols / 32);
+    }
+  }
+};
+
+template <class F>
+EF_INLINE __m512i sum_start(int32_t neg_sum) {
+  if constexpr (F::kShift >= 0) {
+    return _mm512_slli_epi32(_mm512_set1_epi32(neg_sum), F::kShift);
+  } else {
+    return _mm512_setzero_si512();
+  }
+}
+
+// One unit of the panel (codes w, scale vectors tab) against NT tokens: the fixed per-output
+// sequence described at the top of this file.
+template <class F, int NT>
+EF_INLINE void unit_tokens(const __m512i w[8], const float* tab, const Tokens<NT>& x, int64_t u, __m512 acc[NT]) {
+  const __m512 a = _mm512_load_ps(tab);
+  if constexpr (F::kSplit) {
+    const __m512 a_hi = _mm512_load_ps(tab + kPanelRows);
+    __m512i lo[NT], hi[NT];
+    for (int t = 0; t < NT; ++t) {
+      lo[t] = sum_start<F>(x.ns[t][2 * u]);
+      hi[t] = sum_start<F>(x.ns[t][2 * u + 1]);
+    }
+    for (int g = 0; g < 4; ++g)
+      for (int t = 0; t < NT; ++t) {
+        lo[t] = dot4_bcast(lo[t], w[g], x.q[t] + 32 * u + 4 * g);
+        hi[t] = dot4_bcast(hi[t], w[4 + g], x.q[t] + 32 * u + 16 + 4 * g);
+      }
+    for (int t = 0; t < NT; ++t) {
+      const __m512 dx = _mm512_set1_ps(x.d[t][u]);
+      acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(lo[t]), _mm512_mul_ps(a, dx), acc[t]);
+      acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(hi[t]), _mm512_mul_ps(a_hi, dx), acc[t]);
+    }
+  } else {
+    __m512i s[NT];
+    for (int t = 0; t < NT; ++t) s[t] = sum_start<F>(x.ns[t][u]);
+    for (int g = 0; g < 8; ++g)
+      for (int t = 0; t < NT; ++t) s[t] = dot4_bcast(s[t], w[g], x.q[t] + 32 * u + 4 * g);
+    for (int t = 0; t < NT; ++t) {
+      acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s[t]), _mm512_mul_ps(a, _mm512_set1_ps(x.d[t][u])), acc[t]);
+      if constexpr (F::kFloatBias)
+        acc[t] = _mm512_fmadd_ps(_mm512_load_ps(tab + kPanelRows), _mm512_set1_ps(x.s32[t][u]), acc[t]);
+    }
+  }
+}
+
+template <int NT>
+EF_INLINE void store_tile(const __m512 acc[NT], float* y, int64_t t0, int64_t ldy, __mmask16 valid) {
+  for (int t = 0; t < NT; ++t) _mm512_mask_storeu_ps(y + (t0 + t) * ldy, valid, acc[t]);
+}
+
+// Up to 8 tokens: decode each step of units and use it at once.
+template <class F, int NT>
+void panel_direct(const Panel& P, int64_t nu, const float* tab, const Q8View& x, int64_t t0, float* y, int64_t ldy,
+                  __mmask16 valid, const Prefetch& pf) {
+  const Tokens<NT> tk(x, t0, F::kSplit);
+  __m512 acc[NT];
+  for (int t = 0; t < NT; ++t) acc[t] = _mm512_setzero_ps();
+  for (int64_t step = 0; step < nu / F::kStepUnits; ++step) {
+    pf.step(step);
+    __m512i w[F::kStepUnits][8];
+    F::codes(P, step, w);
+    for (int j = 0; j < F::kStepUnits; ++j) {
+      const int64_t u = step * F::kStepUnits + j;
+      unit_tokens<F, NT>(w[j], tab + u * F::kSV * kPanelRows, tk, u, acc);
+    }
+  }
+  store_tile<NT>(acc, y, t0, ldy, valid);
+}
+
+// One tile of tokens over a panel decoded into `codes` ([nu][8] registers).
+template <class F, int NT>
+void panel_tile(const __m512i* codes, int64_t nu, const float* tab, const Q8View& x, int64_t t0, float* y,
+                int64_t ldy, __mmask16 valid) {
+  const Tokens<NT> tk(x, t0, F::kSplit);
+  __m512 acc[NT];
+  for (int t = 0; t < NT; ++t) acc[t] = _mm512_setzero_ps();
+  for (int64_t u = 0; u < nu; ++u) {
+    __m512i w[8];
+    for (int g = 0; g < 8; ++g) w[g] = _mm512_load_si512(codes + 8 * u + g);
+    unit_tokens<F, NT>(w, tab + u * F::kSV * kPanelRows, tk, u, acc);
+  }
+  store_tile<NT>(acc, y, t0, ldy, valid);
+}
+
+template <class F>
+void panel_packed(const Panel& P, int64_t nu, const float* tab, __m512i* codes, const Q8View& x, int64_t t0,
+                  int64_t t1, float* y, int64_t ldy, __mmask16 valid, const Prefetch& pf) {
+  for (int64_t step = 0; step < nu / F::kStepUnits; ++step) {
+    pf.step(step);
+    __m512i w[F::kStepUnits][8];
+    F::codes(P, step, w);
+    for (int j = 0; j < F::kStepUnits; ++j)
+      for (int g = 0; g < 8; ++g) _mm512_store_si512(codes + 8 * (step * F::kStepUnits + j) + g, w[j][g]);
+  }
+  int64_t t = t0;
+  for (; t + kTileTokens <= t1; t += kTileTokens) panel_tile<F, kTileTokens>(codes, nu, tab, x, t, y, ldy, valid);
+  switch (t1 - t) {
+    case 1: panel_tile<F, 1>(codes, nu, tab, x, t, y, ldy, valid); break;
+    case 2: panel_tile<F, 2>(codes, nu, tab, x, t, y, ldy, valid); break;
+    case 3: panel_tile<F, 3>(codes, nu, tab, x, t, y, ldy, valid); break;
+    case 4: panel_tile<F, 4>(codes, nu, tab, x, t, y, ldy, valid); break;
+    case 5: panel_tile<F, 5>(codes, nu, tab, x, t, y, ldy, valid); break;
+    case 6: panel_tile<F, 6>(codes, nu, tab, x, t, y, ldy, valid); break;
+    case 7: panel_tile<F, 7>(codes, nu, tab, x, t, y, ldy, valid); break;
+    default: break;
+  }
+}
+
+// The table entry: rows [r0, r1) in panels of 16, tokens [t0, t1).
+template <class F>
+void gemm_q8_panels(const RowsView& w, int64_t r0, int64_t r1, const Q8View& x, int64_t t0, int64_t t1, float* y,
+                    int64_t ldy) {
+  const int64_t nu = w.cols / 32, nt = t1 - t0;
+  float* tab = panel_scratch<float>(static_cast<size_t>(nu * F::kSV * kPanelRows), 0);
+  __m512i* codes = nt > kTileTokens ? panel_scratch<__m512i>(static_cast<size_t>(nu * 8), 1) : nullptr;
+  // Prefetch only what cannot be cache resident: consecutive rows of a matrix above 1 MiB.
+  const size_t row_span = w.stride;
+  const bool stream = !w.index && static_cast<size_t>(r1 - r0) * row_span > (1u << 20);
+  const int64_t steps = nu / F::kStepUnits;
+  Prefetch pf;
+  pf.slice = (kPanelRows * row_span / static_cast<size_t>(steps) + 63) & ~static_cast<size_t>(63);
+  for (int64_t p0 = r0; p0 < r1; p0 += kPanelRows) {
+    pf.next = stream && p0 + 2 * kPanelRows <= r1 ? w.row(p0 + kPanelRows) : nullptr;
+    const int valid = static_cast<int>(std::min<int64_t>(kPanelRows, r1 - p0));
+    Panel P;
+    for (int i = 0; i < kPanelRows; ++i) P.p[i] = w.row(i < valid ? p0 + i : p0);
+    F::scales(P, nu, tab);
+    float* yp = y + (p0 - r0);
+    const __mmask16 vm = static_cast<__mmask16>((1u << valid) - 1);
+    switch (nt) {
+      case 1: panel_direct<F, 1>(P, nu, tab, x, t0, yp, ldy, vm, pf); break;
+      case 2: panel_direct<F, 2>(P, nu, tab, x, t0, yp, ldy, vm, pf); break;
+      case 3: panel_direct<F, 3>(P, nu, tab, x, t0, yp, ldy, vm, pf); break;
+      case 4: panel_direct<F, 4>(P, nu, tab, x, t0, yp, ldy, vm, pf); break;
+      case 5: panel_direct<F, 5>(P, nu, tab, x, t0, yp, ldy, vm, pf); break;
+      case 6: panel_direct<F, 6>(P, nu, tab, x, t0, yp, ldy, vm, pf); break;
+      case 7: panel_direct<F, 7>(P, nu, tab, x, t0, yp, ldy, vm, pf); break;
+      case 8: panel_direct<F, 8>(P, nu, tab, x, t0, yp, ldy, vm, pf); break;
+      default: panel_packed<F>(P, nu, tab, codes, x, t0, t1, yp, ldy, vm, pf); break;
+    }
+  }
+}
+
+}  // namespace
+}  // namespace ef::x86
