@@ -15,7 +15,7 @@ from edgeflash.errors import IntegrityError, ModelFormatError, UserError
 from edgeflash.memory.io_profile import best_settings
 from edgeflash.memory.layout import WeightLayout, align_down, align_up, tensor_view_of, weight_layout
 from edgeflash.memory.approximate import ApproximateMode
-from edgeflash.memory.planner import MemoryPlan, group_units, make_plan
+from edgeflash.memory.planner import BudgetError, MemoryPlan, group_units, make_plan
 from edgeflash.runtime.native_engine import NativeEngine
 from edgeflash.runtime.source import ModelSource
 
@@ -128,6 +128,13 @@ class BudgetedEngine(NativeEngine):
             raise UserError(f"{layout.path}: {e}") from None
         self.direct_io = direct
         self.embedding_stream = (str(layout.path), direct, embedding)
+
+    def check_reserve(self, name: str, actual: int) -> None:
+        """A fixed cost the plan reserved before the thing existed must hold what it became."""
+        reserved = self.plan.fixed.get(name, 0)
+        if actual > reserved:
+            raise BudgetError(f"the {name} part takes {actual / 2**20:.1f} MiB but the plan reserved "
+                              f"{reserved / 2**20:.1f} MiB; raise --memory-budget")
 
     def read_rows(self, name: str, ids: np.ndarray) -> np.ndarray:
         """Rows of a tensor, read with direct I/O (no page cache, no memory map): [len(ids), row_bytes]."""

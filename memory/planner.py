@@ -165,9 +165,11 @@ def make_plan(layout: WeightLayout, spec: ModelSpec, budget: int, strategy: str,
     head_chunk_rows = 0
     if head_name and head_name not in resident:
         row_bytes = layout.locations[groups[head_name].tensors[0]].nbytes // spec.vocab_size
-        head_chunk_rows = max(1, min(spec.vocab_size, head_chunk_bytes // row_bytes - 2))
+        # at most the engine's 16384-row logits pass (runtime/native/engine.cpp kHeadChunk)
+        head_chunk_rows = max(1, min(spec.vocab_size, 16384, head_chunk_bytes // row_bytes - 2))
     streamed = [n for n in order if n not in resident]
-    per_pass = sum(groups[n].nbytes for n in streamed if n != "embedding")
+    # An embedding table serves one row per token; as the tied head it is read whole every pass.
+    per_pass = sum(groups[n].nbytes for n in streamed if n != "embedding" or n == head_name)
     plan = MemoryPlan(budget=budget, strategy=strategy, fixed=fixed, resident=[n for n in order if n in resident],
                       streamed=streamed, resident_bytes=sum(groups[n].nbytes for n in resident),
                       staging_bytes=staging_bytes, head_chunk_rows=head_chunk_rows, io=io,

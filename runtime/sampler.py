@@ -6,6 +6,7 @@ from dataclasses import dataclass
 from typing import Sequence
 
 import numpy as np
+import numpy.random  # noqa: F401  (imported with the runtime, not at the first sample)
 
 from edgeflash.errors import UserError
 

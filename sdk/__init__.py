@@ -3,31 +3,27 @@
     import edgeflash as ef
     m = ef.load("default")                   # Gemma 3 270M from its PyPI package
     print(m.generate("Hello", max_tokens=32).text)
+
+Importing edgeflash loads the runtime's code (numpy and the compiled kernels, never torch), so
+that what `load(..., memory_budget=...)` allocates afterwards is the model's alone.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+from edgeflash.api import Model, load
+from edgeflash.errors import UserError
+from edgeflash.runtime.generate import GenerationResult
+
 __version__ = "0.1.0"
 __all__ = ["load", "export", "Model", "GenerationResult", "UserError", "__version__"]
 
 
 def __getattr__(name: str) -> Any:
-    # Imported lazily so `import edgeflash.errors` (used everywhere) stays cheap.
-    if name in ("load", "Model"):
-        from edgeflash import api
-
-        return getattr(api, name)
-    if name == "GenerationResult":
-        from edgeflash.runtime.generate import GenerationResult
-
-        return GenerationResult
-    if name == "UserError":
-        from edgeflash.errors import UserError
-
-        return UserError
-    if name == "export":  # the edgeflash.export package, callable as export(source, out_dir, ...)
+    # The exporter needs torch for some sources: imported only when asked for. The package
+    # edgeflash.export is callable: export(source, out_dir, quant=..., target=...).
+    if name == "export":
         import edgeflash.export
 
         return edgeflash.export

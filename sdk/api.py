@@ -6,13 +6,23 @@ import threading
 from pathlib import Path
 from typing import Any, Iterator, Sequence
 
+# Everything a load may need, imported with the package rather than inside `load` (so a
+# budgeted load's memory is the model's, not the library's code).
+import edgeflash.memory.budgeted  # noqa: F401
+import edgeflash.runtime.bundle  # noqa: F401
+import edgeflash.runtime.native_engine  # noqa: F401
+import edgeflash.runtime.speculative  # noqa: F401
+import edgeflash.runtime.tokenizer  # noqa: F401
 from edgeflash.errors import UserError
+from edgeflash.memory.heap import keep_large_allocations_mapped, release_free_heap
 from edgeflash.models import resolve_model
 from edgeflash.runtime.generate import Generation, GenerationResult
 from edgeflash.runtime.sampler import SamplingParams
 from edgeflash.runtime.source import ModelSource, open_model
 
 ENGINES = ("auto", "native", "reference")
+# Tokens per forward call in a budgeted run: smaller work buffers (prefill runs in more chunks).
+BUDGETED_MAX_BATCH = 16
 
 
 def load(model: str | Path = "default", *, memory_budget: str | int | None = None, threads: int = 2,
@@ -48,8 +58,10 @@ def load(model: str | Path = "default", *, memory_budget: str | int | None = Non
         model = Model(source, _make_engine(source, engine, threads, context_length, activations))
     else:
         model = Model(*_load_budgeted(path, memory_budget, engine, threads, context_length, strategy, activations,
-                                      approximate))
+                                      approximate, speculative))
     model.speculative = model.check_speculative(speculative)
+    if memory_budget is not None and speculative != "none":
+        model.engine.check_reserve("speculative", model.drafter_bytes(speculative))
     return model
 
 
@@ -64,23 +76,40 @@ def _make_engine(source: ModelSource, engine: str, threads: int, context_length:
 
 
 def _load_budgeted(path: Path, memory_budget: str | int, engine: str, threads: int, context_length: int | None,
-                   strategy: str, activations: str, approximate: dict):
+                   strategy: str, activations: str, approximate: dict, speculative: str):
+    import gc
+
     from edgeflash.memory.budgeted import BudgetedEngine
     from edgeflash.memory.rss import current_rss_bytes
     from edgeflash.memory.sizes import parse_size
 
     budget = parse_size(memory_budget)
+    keep_large_allocations_mapped()  # freed temporaries leave the process instead of the heap
     if engine == "reference":
         raise UserError("memory_budget needs the native engine (the reference runtime keeps every weight in float32)")
     before = current_rss_bytes()
     source = open_model(path, verify=False)  # checksums are verified with direct I/O while loading
-    metadata = max(0, current_rss_bytes() - before)  # tokenizer and manifest: part of the budget
+    # The tokenizer builds its tables on first use: build them now, free what parsing left behind,
+    # and count what stays (tokenizer and manifest) as a fixed cost of the budget.
+    source.tokenizer.decode(source.tokenizer.encode("warm up the tokenizer"))
+    gc.collect()
+    release_free_heap()
+    # Tensors the loader rewrote (llama q/k rows from a GGUF) are in that delta too; the plan
+    # counts them as pinned weights.
+    rewritten = sum(source.tensors[n].nbytes for n in source.info.get("rewritten_tensors", []))
+    metadata = max(0, current_rss_bytes() - before - rewritten)
     if context_length is None:
         from edgeflash.memory.planner import default_context
 
         context_length = default_context(source.spec, budget)
-    engine_ = BudgetedEngine(source, budget=budget, strategy=strategy, fixed_costs={"tokenizer_and_manifest": metadata},
-                             threads=threads, context_length=context_length, activations=activations, **approximate)
+    fixed = {"tokenizer_and_manifest": metadata}
+    if speculative != "none":
+        from edgeflash.runtime.speculative.budget import speculative_reserve
+
+        fixed["speculative"] = speculative_reserve(speculative, source, context_length)
+    engine_ = BudgetedEngine(source, budget=budget, strategy=strategy, fixed_costs=fixed, threads=threads,
+                             context_length=context_length, activations=activations, max_batch=BUDGETED_MAX_BATCH,
+                             **approximate)
     return source, engine_
 
 
@@ -100,6 +129,10 @@ class Model:
         if kind != "none":
             self._drafter(kind)  # build it now: a bad option fails at load, and its memory is taken up front
         return kind
+
+    def drafter_bytes(self, kind: str) -> int:
+        drafter = self._drafter(kind)
+        return drafter.memory_bytes() if drafter is not None else 0
 
     def _drafter(self, kind: str) -> Any:
         if kind == "none":

@@ -57,3 +57,26 @@ def transformers_reference(path: Path):
         model.eval()
         _HF_CACHE[key] = (tok, model)
     return _HF_CACHE[key]
+
+
+def _export_bundle(tmp_path_factory, alias: str, name: str) -> Path:
+    """A bundle of a real model, exported once per session with a small calibration (the export
+    tests cover full-size calibration and the quality report)."""
+    import subprocess
+    import sys
+
+    out = tmp_path_factory.mktemp("bundles") / name
+    subprocess.run([sys.executable, "-m", "edgeflash.cli.main", "export", alias, "-o", str(out), "--quant", "q4_0",
+                    "--calibration-tokens", "512", "--eval-tokens", "0", "--no-baseline", "--quiet"],
+                   check=True, capture_output=True, timeout=900)
+    return out
+
+
+@pytest.fixture(scope="session")
+def smol_bundle(tmp_path_factory) -> Path:
+    return _export_bundle(tmp_path_factory, "smollm2-135m", "smollm2-q4_0")
+
+
+@pytest.fixture(scope="session")
+def gemma_bundle(tmp_path_factory) -> Path:
+    return _export_bundle(tmp_path_factory, "gemma3-270m", "gemma3-q4_0")

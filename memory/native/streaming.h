@@ -49,6 +49,7 @@ class StreamingWeights : public engine::LayerSource, public engine::HeadSource {
   // `slots` staging buffers of the largest unit; prefetch keeps up to `slots` units in flight.
   StreamingWeights(std::shared_ptr<DirectReader> reader, engine::ResidentLayers* resident, int64_t n_layers,
                    std::vector<StreamUnit> units, int slots, bool prefetch);
+  ~StreamingWeights() override { drain(); }  // no read may land in a freed staging slot
 
   // LayerSource
   void begin_pass(bool needs_head) override;

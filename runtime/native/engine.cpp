@@ -9,6 +9,8 @@
 namespace ef::engine {
 namespace {
 
+constexpr int64_t kHeadChunk = 16384;  // head rows per logits pass: bounds the temporary buffers
+
 KernelError engine_error(const std::string& what) { return KernelError("engine: " + what); }
 
 bool quantized(const WeightMatrix& w) { return format_info(w.fmt).quantized; }
@@ -63,13 +65,27 @@ Engine::Engine(const ModelShape& shape, std::vector<LayerShape> layers, const En
   up_.resize(b * shape_.d_ff);
   sel_.resize(b * shape_.d_model);
   slots_.resize(b);
+  // Every buffer the forward pass may use, allocated now: memory() is then exact and nothing
+  // grows while the model runs (a budgeted run plans with these numbers).
+  const int64_t max_cols = std::max({shape_.d_model, shape_.n_heads * shape_.head_dim, shape_.d_ff});
+  const int64_t max_rows = std::max({max_cols, std::min(shape_.vocab, kHeadChunk)});
+  act2_.resize(static_cast<size_t>(2 * b * max_cols));
+  out2_.resize(static_cast<size_t>(2 * b * max_rows));
+  head_part_.resize(static_cast<size_t>(b * std::min(shape_.vocab, kHeadChunk)));
+  int64_t max_capacity = 0;
+  for (const LayerCache& c : caches_) max_capacity = std::max(max_capacity, c.capacity);
+  mask_.reserve(static_cast<size_t>(b * max_capacity));
+  std::fill(act2_.begin(), act2_.end(), 0.0f);
+  xq_.quantize(act2_.data(), 2 * b, max_cols);  // sizes the quantized-activation buffers
+  xq_bytes_ = static_cast<size_t>(2 * b * max_cols) * 19 / 8;  // int8 codes + scales, sums, broadcast scales
 }
 
 EngineMemory Engine::memory() const {
   EngineMemory m;
   for (const LayerCache& c : caches_) m.kv_cache += c.k.size() + c.v.size() + c.slot_pos.size() * 4;
-  for (const auto* buf : {&x_, &h_, &q_, &k_, &v_, &attn_, &gate_, &up_, &sel_}) m.activations += buf->size() * 4;
-  m.activations += mask_.capacity();
+  for (const auto* buf : {&x_, &h_, &q_, &k_, &v_, &attn_, &gate_, &up_, &sel_, &act2_, &out2_, &head_part_})
+    m.activations += buf->capacity() * 4;
+  m.activations += mask_.capacity() + xq_bytes_ + slots_.capacity() * 4;
   return m;
 }
 
@@ -265,21 +281,36 @@ void Engine::set_head_shortlist(const WeightMatrix& rows, std::vector<int32_t> i
 }
 
 void Engine::compute_logits(int64_t m, float* logits) {
+  auto rows_of = [&](int64_t r0, int64_t rows) {  // rows of the resident (or shortlist) head
+    const size_t rb = row_bytes(head_.fmt, head_.cols);
+    return WeightMatrix{head_.data + r0 * rb, static_cast<size_t>(rows) * rb, head_.fmt, rows, head_.cols, 0};
+  };
+  bool ready = false;
   if (!head_ids_.empty()) {
     const int64_t k = static_cast<int64_t>(head_ids_.size());
-    head_part_.resize(static_cast<size_t>(m * k));
-    linear(head_, sel_.data(), xq_, false, m, head_part_.data());
     std::fill(logits, logits + m * shape_.vocab, -std::numeric_limits<float>::infinity());
-    for (int64_t t = 0; t < m; ++t)
-      for (int64_t i = 0; i < k; ++i) logits[t * shape_.vocab + head_ids_[i]] = head_part_[t * k + i];
+    for (int64_t r0 = 0; r0 < k; r0 += kHeadChunk) {
+      const int64_t rows = std::min(kHeadChunk, k - r0);
+      linear(rows_of(r0, rows), sel_.data(), xq_, ready, m, head_part_.data());
+      ready = true;
+      for (int64_t t = 0; t < m; ++t)
+        for (int64_t i = 0; i < rows; ++i) logits[t * shape_.vocab + head_ids_[r0 + i]] = head_part_[t * rows + i];
+    }
     return;
   }
-  if (!head_source_) {
-    linear(head_, sel_.data(), xq_, false, m, logits);
+  if (!head_source_) {  // resident head, in row chunks so temporaries stay small
+    for (int64_t r0 = 0; r0 < head_.rows; r0 += kHeadChunk) {
+      const int64_t rows = std::min(kHeadChunk, head_.rows - r0);
+      float* out = m == 1 ? logits + r0 : head_part_.data();
+      linear(rows_of(r0, rows), sel_.data(), xq_, ready, m, out);
+      ready = true;
+      if (m > 1)
+        for (int64_t t = 0; t < m; ++t)
+          std::memcpy(logits + t * shape_.vocab + r0, head_part_.data() + t * rows, rows * sizeof(float));
+    }
     return;
   }
-  // Chunk by chunk; the activations are quantized once for every chunk.
-  bool ready = false;
+  // Streamed chunk by chunk; the activations are quantized once for every chunk.
   for (int64_t c = 0; c < head_source_->n_chunks(); ++c) {
     int64_t row0 = 0;
     const WeightMatrix& w = head_source_->acquire_chunk(c, &row0);
@@ -314,7 +345,13 @@ void Engine::compute_argmax(int64_t m, int32_t* out) {
       }
   };
   if (!head_ids_.empty()) {
-    fold(head_, 0, head_ids_.data());
+    const size_t rb = row_bytes(head_.fmt, head_.cols);
+    const int64_t k = static_cast<int64_t>(head_ids_.size());
+    for (int64_t r0 = 0; r0 < k; r0 += kHeadChunk) {
+      const int64_t rows = std::min(kHeadChunk, k - r0);
+      fold(WeightMatrix{head_.data + r0 * rb, static_cast<size_t>(rows) * rb, head_.fmt, rows, head_.cols, 0}, 0,
+           head_ids_.data() + r0);
+    }
   } else if (head_source_) {
     for (int64_t c = 0; c < head_source_->n_chunks(); ++c) {
       int64_t row0 = 0;
@@ -323,10 +360,9 @@ void Engine::compute_argmax(int64_t m, int32_t* out) {
       head_source_->release_chunk(c);
     }
   } else {
-    const int64_t chunk = 16384;
     const size_t rb = row_bytes(head_.fmt, head_.cols);
-    for (int64_t r0 = 0; r0 < head_.rows; r0 += chunk) {
-      const int64_t rows = std::min(chunk, head_.rows - r0);
+    for (int64_t r0 = 0; r0 < head_.rows; r0 += kHeadChunk) {
+      const int64_t rows = std::min(kHeadChunk, head_.rows - r0);
       fold(WeightMatrix{head_.data + r0 * rb, static_cast<size_t>(rows) * rb, head_.fmt, rows, head_.cols, 0}, r0,
            nullptr);
     }

@@ -195,6 +195,7 @@ class Engine {
   std::vector<float> x_, h_, q_, k_, v_, attn_, gate_, up_, sel_;
   std::vector<float> act2_, out2_;  // q8x2: [activations; residuals] and the doubled GEMM output
   std::vector<float> head_part_;    // logits of one head chunk for several rows
+  size_t xq_bytes_ = 0;             // what xq_ holds at most
   std::vector<int32_t> slots_;
   std::vector<uint8_t> mask_;
   QuantizedActs xq_;

@@ -13,6 +13,7 @@ from edgeflash.errors import UserError
 from edgeflash.runtime.native_engine import NativeEngine
 
 DEFAULT_SHORTLIST = 8192
+SELF_DRAFT_MAX_BATCH = 16
 
 
 def frequent_tokens(source, limit: int) -> np.ndarray:
@@ -48,7 +49,7 @@ class SelfDraftEngine(NativeEngine):
                                weight_bytes=0, info={})
         self.extra_bytes = self._head_rows.nbytes
         super().__init__(view, threads=target.threads, context_length=target.context_length,
-                         max_batch=target.max_batch, activations=target.activations)
+                         max_batch=min(target.max_batch, SELF_DRAFT_MAX_BATCH), activations=target.activations)
 
     def _load_weights(self) -> None:
         t = dict(self.source.tensors)
