@@ -15,7 +15,7 @@ from edgeflash.runtime.reference import ReferenceEngine
 def test_gemma_q4_k_export(gemma_path, tmp_path):
     result = export(gemma_path, tmp_path / "gemma-q4_k", quant="q4_k", calibration_tokens=256, window_tokens=128,
                     eval_tokens=128, sparsity=[0.5], predictor_rank=16, top_tokens=1024, frequency_chars=50_000,
-                    progress=False)
+                    baseline=False, progress=False)
     report = result.report
     fallbacks = {f["name"]: f for f in report["fallbacks"]}
     # rows of 640 (d_model) cannot be q4_k; rows of 1024 (attn_output) and 2048 (ffn_down) can
