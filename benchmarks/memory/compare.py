@@ -1,0 +1,228 @@
+"""Budgeted runs side by side: naive vs hybrid vs flash, exact and approximate, at 50% and 25% of
+each model's bundle, every configuration in its own process (peak RSS is per run), interleaved
+over rounds so load on this shared machine hits all alike. Reads use direct I/O: they go to the
+storage, not the page cache.
+
+  python benchmarks/memory/compare.py                        # both models, 2 rounds
+  python benchmarks/memory/compare.py --models gemma3-270m --rounds 3 --tokens 64
+  python benchmarks/memory/compare.py --window-sweep         # bytes/token vs window k and sparsity (+ plot)
+  python benchmarks/memory/compare.py --long                 # 512 tokens, model twice the budget, RSS over time
+
+Bundles are exported once into bench-out/bundles/ (q4_0, full calibration). "Bundle size" here is
+the weights an exact run needs (embedding/head, attention, dense FFN, norms); the neuron arenas and
+predictors that only approximate mode reads are extra flash, listed separately.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+OUT = REPO / "bench-out" / "memory"
+BUNDLES = REPO / "bench-out" / "bundles"
+MODELS = ("gemma3-270m", "smollm2-135m")
+PROMPT = "The history of the lighthouse keepers on this coast begins"
+
+CONFIGS = {  # name -> load options
+    "naive": {"strategy": "naive"},
+    "hybrid": {"strategy": "hybrid"},
+    "flash": {"strategy": "flash"},
+    "flash+head": {"strategy": "flash", "head_shortlist": 8192},
+    "flash+head+s30": {"strategy": "flash", "head_shortlist": 8192, "sparsity": 0.3},
+    "flash+head+s50": {"strategy": "flash", "head_shortlist": 8192, "sparsity": 0.5},
+}
+
+RUN = textwrap.dedent("""
+    import json, sys, time
+    import edgeflash as ef
+    from edgeflash.memory.rss import current_rss_bytes, peak_rss_bytes, reset_peak_rss
+    bundle, budget, options, tokens, prompt = sys.argv[1], int(sys.argv[2]), json.loads(sys.argv[3]), int(sys.argv[4]), sys.argv[5]
+    reset_peak_rss(); before = current_rss_bytes()
+    try:
+        m = ef.load(bundle, memory_budget=budget, context_length=512, **options)
+    except ef.UserError as e:
+        print(json.dumps({"error": str(e)})); sys.exit(0)
+    r = m.generate(prompt, max_tokens=tokens)
+    s = r.stats
+    print(json.dumps({"decode_tok_s": s["decode_tok_s"], "prefill_tok_s": s["prefill_tok_s"],
+                      "flash_bytes_per_token": s["flash_bytes_per_token"], "io_wait_share": s.get("io_wait_share"),
+                      "peak_over_baseline": peak_rss_bytes() - before, "planned": s["planned_bytes"],
+                      "neuron_cache_hit_rate": s.get("neuron_cache_hit_rate"), "tokens": r.tokens,
+                      "generated": s["generated_tokens"]}))
+""")
+
+
+def ensure_bundle(model: str) -> Path:
+    out = BUNDLES / f"{model}-q4_0"
+    if not (out / "manifest.json").exists():
+        print(f"exporting {model} to {out} (once)", file=sys.stderr)
+        subprocess.run([sys.executable, "-m", "edgeflash.cli.main", "export", model, "-o", str(out), "--quant", "q4_0",
+                        "--quiet"], check=True, cwd=REPO)
+    return out
+
+
+def exact_bytes(bundle: Path) -> tuple[int, int]:
+    """(bytes an exact run needs, bytes only approximate mode reads) from the manifest."""
+    manifest = json.loads((bundle / "manifest.json").read_text())
+    approx = sum(b["nbytes"] for b in manifest["blocks"] if b["kind"] in ("neurons", "predictor"))
+    total = sum(b["nbytes"] for b in manifest["blocks"])
+    return total - approx, approx
+
+
+def run(bundle: Path, budget: int, options: dict, tokens: int) -> dict:
+    proc = subprocess.run([sys.executable, "-c", RUN, str(bundle), str(budget), json.dumps(options), str(tokens),
+                           PROMPT], capture_output=True, text=True, cwd="/")
+    if proc.returncode != 0:
+        return {"error": proc.stderr.strip().splitlines()[-1] if proc.stderr.strip() else f"exit {proc.returncode}"}
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def compare(args: argparse.Namespace) -> None:
+    OUT.mkdir(parents=True, exist_ok=True)
+    results: dict[tuple, list[dict]] = {}
+    plan = []
+    for model in args.models:
+        bundle = ensure_bundle(model)
+        exact, approx = exact_bytes(bundle)
+        print(f"{model}: exact-mode weights {exact / 1e6:.1f} MB (+ {approx / 1e6:.1f} MB arenas/predictors)",
+              file=sys.stderr)
+        for fraction in (0.5, 0.25):
+            plan.append((model, bundle, fraction, int(exact * fraction)))
+    for round_no in range(args.rounds):
+        for model, bundle, fraction, budget in plan:
+            for name in args.configs:
+                r = run(bundle, budget, CONFIGS[name], args.tokens)
+                results.setdefault((model, fraction, name), []).append(r)
+                print(f"round {round_no} {model} {fraction:.0%} {name}: "
+                      f"{r.get('error') or str(r['decode_tok_s']) + ' tok/s'}", file=sys.stderr)
+    (OUT / "compare.json").write_text(json.dumps({f"{k[0]}|{k[1]}|{k[2]}": v for k, v in results.items()}))
+    print("| model | budget | config | decode tok/s | vs naive | vs hybrid | flash MB/token | I/O wait | "
+          "peak RSS MB (budget) | greedy = exact |")
+    print("|" + "---|" * 10)
+    for model, bundle, fraction, budget in plan:
+        def median(name: str, key: str) -> float | None:
+            runs = [r for r in results.get((model, fraction, name), []) if "error" not in r]
+            return statistics.median(r[key] for r in runs) if runs else None
+
+        exact_tokens = next((r["tokens"] for r in results.get((model, fraction, "hybrid"), []) if "tokens" in r), None)
+        for name in args.configs:
+            runs = [r for r in results[(model, fraction, name)] if "error" not in r]
+            if not runs:
+                err = results[(model, fraction, name)][0].get("error", "")
+                print(f"| {model} | {fraction:.0%} ({budget / 1e6:.0f} MB) | {name} | - | | | | | | {err[:90]} |")
+                continue
+            tok = median(name, "decode_tok_s")
+            naive, hybrid = median("naive", "decode_tok_s"), median("hybrid", "decode_tok_s")
+            same = "yes" if runs[0]["tokens"] == exact_tokens else "no (approximate)"
+            print(f"| {model} | {fraction:.0%} ({budget / 1e6:.0f} MB) | {name} | {tok:.1f} | "
+                  f"{tok / naive:.2f}x | {tok / hybrid:.2f}x | {median(name, 'flash_bytes_per_token') / 1e6:.1f} | "
+                  f"{median(name, 'io_wait_share'):.0%} | {median(name, 'peak_over_baseline') / 1e6:.0f} "
+                  f"({budget / 1e6:.0f}) | {same} |" if naive and hybrid else f"| {model} | {name} | {tok} |")
+
+
+def window_sweep(args: argparse.Namespace) -> None:
+    """Neuron-cache bytes read per token for window k = 0..8 at sparsity 30/50/70% (generous budget,
+    so the cache never evicts for lack of room: only the window decides)."""
+    OUT.mkdir(parents=True, exist_ok=True)
+    rows = []
+    for model in args.models:
+        bundle = ensure_bundle(model)
+        exact, _ = exact_bytes(bundle)
+        for sparsity in (0.3, 0.5, 0.7):
+            for k in range(0, 9):
+                opts = {"strategy": "flash", "sparsity": sparsity, "window": k, "head_shortlist": 8192}
+                r = run(bundle, int(exact * 1.5), opts, args.tokens)
+                if "error" in r:
+                    print(f"{model} s={sparsity} k={k}: {r['error']}", file=sys.stderr)
+                    continue
+                rows.append({"model": model, "sparsity": sparsity, "window": k,
+                             "flash_bytes_per_token": r["flash_bytes_per_token"], "hit_rate": r["neuron_cache_hit_rate"]})
+                print(f"{model} s={sparsity} k={k}: {r['flash_bytes_per_token'] / 1e6:.2f} MB/token, "
+                      f"hit rate {r['neuron_cache_hit_rate']}", file=sys.stderr)
+    (OUT / "window_sweep.json").write_text(json.dumps(rows))
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print("matplotlib is not installed: table only (pip install matplotlib for the plot)", file=sys.stderr)
+        return
+    fig, axes = plt.subplots(1, len(args.models), figsize=(6 * len(args.models), 4), squeeze=False)
+    for ax, model in zip(axes[0], args.models):
+        for sparsity in (0.3, 0.5, 0.7):
+            pts = [(r["window"], r["flash_bytes_per_token"] / 1e6) for r in rows
+                   if r["model"] == model and r["sparsity"] == sparsity]
+            if pts:
+                ax.plot(*zip(*pts), marker="o", label=f"sparsity {sparsity:.0%}")
+        ax.set_title(f"{model}: FFN neuron bytes read per token")
+        ax.set_xlabel("window k (tokens whose neurons stay cached)")
+        ax.set_ylabel("MB per token")
+        ax.legend()
+        ax.grid(alpha=0.3)
+    path = REPO / "docs" / "img" / "memory-window-sweep.png"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    print(f"plot: {path}", file=sys.stderr)
+
+
+LONG = textwrap.dedent("""
+    import json, sys
+    import edgeflash as ef
+    from edgeflash.memory.rss import current_rss_bytes, peak_rss_bytes, reset_peak_rss
+    bundle, budget, tokens = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+    reset_peak_rss(); before = current_rss_bytes()
+    m = ef.load(bundle, memory_budget=budget, context_length=1024)
+    samples = []
+    g = m.generation("Write a long story about a lighthouse keeper and the sea.", tokens)
+    for i, _ in enumerate(g):
+        if i % 32 == 0:
+            samples.append(current_rss_bytes() - before)
+    r = g.result()
+    print(json.dumps({"generated": r.stats["generated_tokens"], "rss_samples": samples,
+                      "peak": peak_rss_bytes() - before, "decode_tok_s": r.stats["decode_tok_s"]}))
+""")
+
+
+def long_run(args: argparse.Namespace) -> None:
+    for model in args.models:
+        bundle = ensure_bundle(model)
+        exact, _ = exact_bytes(bundle)
+        budget = exact // 2  # the model is twice the budget
+        proc = subprocess.run([sys.executable, "-c", LONG, str(bundle), str(budget), "512"], capture_output=True,
+                              text=True, cwd="/")
+        if proc.returncode != 0:
+            print(proc.stderr[-2000:], file=sys.stderr)
+            continue
+        r = json.loads(proc.stdout.strip().splitlines()[-1])
+        mb = [round(x / 1e6, 1) for x in r["rss_samples"]]
+        print(f"{model}: budget {budget / 1e6:.0f} MB (model {exact / 1e6:.0f} MB), {r['generated']} tokens at "
+              f"{r['decode_tok_s']} tok/s; RSS over baseline every 32 tokens (MB): {mb}; peak {r['peak'] / 1e6:.1f} MB")
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--models", nargs="+", default=list(MODELS), choices=MODELS)
+    p.add_argument("--configs", nargs="+", default=list(CONFIGS), choices=list(CONFIGS))
+    p.add_argument("--rounds", type=int, default=2)
+    p.add_argument("--tokens", type=int, default=48)
+    p.add_argument("--window-sweep", action="store_true")
+    p.add_argument("--long", action="store_true")
+    args = p.parse_args()
+    if args.window_sweep:
+        window_sweep(args)
+    elif args.long:
+        long_run(args)
+    else:
+        compare(args)
+
+
+if __name__ == "__main__":
+    main()
