@@ -40,25 +40,6 @@ def smollm_path() -> Path:
     return resolve_model("smollm2-135m")
 
 
-_HF_CACHE: dict = {}
-
-
-def transformers_reference(path: Path):
-    """(tokenizer, fp32 model) from transformers for a GGUF file; cached for the session
-    because building the fp32 model from GGUF takes most of a minute."""
-    key = str(path)
-    if key not in _HF_CACHE:
-        import torch
-        from transformers import AutoModelForCausalLM, AutoTokenizer
-
-        torch.set_num_threads(2)
-        tok = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
-        model = AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, dtype=torch.float32)
-        model.eval()
-        _HF_CACHE[key] = (tok, model)
-    return _HF_CACHE[key]
-
-
 def _export_bundle(tmp_path_factory, alias: str, name: str) -> Path:
     """A bundle of a real model, exported once per session with a small calibration (the export
     tests cover full-size calibration and the quality report)."""

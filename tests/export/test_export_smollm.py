@@ -1,5 +1,7 @@
-"""SmolLM2-135M through every stage: each scheme makes a bundle that loads and runs, `keep` is
-bit-exact, q8_0 is within 1% perplexity, and calibrated q4_0 beats round-to-nearest."""
+"""SmolLM2-135M through every stage: `keep` is bit-exact, q8_0 is within 1% perplexity, calibrated
+q4_0 beats round-to-nearest, and q4_k (with its q5_0 fallbacks) and a mixed q8_0/q4_lut scheme
+make bundles that load, match the in-memory model exactly and generate. (Every scheme on both
+models: benchmarks/export/matrix.py.)"""
 
 from __future__ import annotations
 

@@ -12,7 +12,7 @@ import pytest
 
 torch = pytest.importorskip("torch", reason="transformers is the oracle; install edgeflash[test]")
 
-from conftest import transformers_reference  # noqa: E402
+from hf_reference import transformers_reference  # noqa: E402
 from edgeflash.export.corpus import heldout_windows  # noqa: E402
 from edgeflash.runtime.generate import Generation  # noqa: E402
 from edgeflash.runtime.reference import ReferenceEngine  # noqa: E402
