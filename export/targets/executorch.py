@@ -1,0 +1,162 @@
+"""ExecuTorch: one `.pte` per chunk, lowered to XNNPACK, with `prefill` and `decode` methods.
+
+Weights go through ExecuTorch's own quantization path: torchao's `IntxUnpackedToInt8Tensor`
+holding exactly the int4/int8 codes and scales of the quantize stage (no re-quantization), with
+int8 per-token dynamic activation quantization on the linear layers (XNNPACK's qd8 kernels:
+8da4w for q4_0, 8da8w for q8_0). Quantized embeddings are fused by ExecuTorch into its
+`embedding_4bit` / `embedding_byte` ops, so a lookup reads only the rows it needs.
+
+KV cache: with kv="state" each layer's cache is a mutable buffer shared by both methods
+(`share_mutable_buffers`), updated in place; with kv="io" it is passed in and the new entries
+come out (chunks loaded one at a time keep no state).
+"""
+
+from __future__ import annotations
+
+import operator
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch import nn
+
+from edgeflash.export.targets.chunks import Chunk, chunk_io
+from edgeflash.export.targets.graph import ChunkGraph, DenseOps, example_inputs
+from edgeflash.export.targets.prepare import PreparedModel
+from edgeflash.export.targets.weights import GROUP, TargetWeight
+
+FORMATS = ("f32", "f16", "bf16", "q8_0", "q4_0")
+KV_MODES = ("state", "io")
+DEFAULT_KV = "state"
+STATIC_SHAPES = True  # fixed token counts per method
+EXTENSION = ".pte"
+WEIGHT_FORM = ("q4_0 -> int4 and q8_0 -> int8 codes, one bf16 scale per 32 values (torchao "
+               "IntxUnpackedToInt8Tensor; linear layers with int8 per-token dynamic activations on XNNPACK, "
+               "embeddings through embedding_4bit / embedding_byte); f32/f16 dense as float32")
+
+
+def methods(prefill_tokens: int) -> dict[str, dict[str, int]]:
+    return {"prefill": {"tokens": prefill_tokens}, "decode": {"tokens": 1}}
+
+
+def adapt(w: TargetWeight) -> TargetWeight:
+    return xnnpack_form(w)
+
+
+def xnnpack_form(w: TargetWeight) -> TargetWeight:
+    """The weight as XNNPACK's group-wise kernels hold it: scales positive and rounded to bf16.
+
+    q4_0 blocks whose largest-magnitude value is positive have a negative scale (that value is
+    code -8); XNNPACK needs scale > 0, so such a block flips the signs of its codes, and the one
+    code +8 this would need becomes +7 (the value moves by one step). All-zero blocks get the
+    smallest positive scale (their codes are 0, so their values stay 0)."""
+    if w.kind not in ("int4", "int8"):
+        return w
+    codes, scales = w.codes.copy(), w.scales.copy()  # [rows, cols], [rows, groups]
+    rows, cols = codes.shape
+    negative = scales < 0  # [rows, groups]
+    grouped = codes.reshape(rows, cols // GROUP, GROUP)
+    flipped = np.where(negative[:, :, None], -grouped.astype(np.int16), grouped)
+    grouped = np.clip(flipped, -8 if w.kind == "int4" else -127, 7 if w.kind == "int4" else 127)
+    scales = np.abs(scales)
+    tiny = float(torch.finfo(torch.bfloat16).tiny)
+    scales = np.where(scales > 0, scales, tiny).astype(np.float32)
+    scales = torch.from_numpy(scales).to(torch.bfloat16).to(torch.float32).numpy()
+    return TargetWeight(w.name, w.role, w.kind, w.shape, codes=grouped.reshape(rows, cols).astype(np.int8),
+                        scales=scales)
+
+
+def _quantized_tensor(w: TargetWeight, dynamic_activations: bool):
+    from torchao.quantization.quantize_.workflows.intx.intx_unpacked_to_int8_tensor import (
+        IntxUnpackedToInt8Tensor,
+        IntxUnpackedToInt8TensorActivationQuantization,
+    )
+
+    codes = torch.from_numpy(np.ascontiguousarray(w.codes))  # [rows, cols] int8
+    scales = torch.from_numpy(np.ascontiguousarray(w.scales))  # [rows, cols / 32]
+    return IntxUnpackedToInt8Tensor(
+        qdata=codes, scale=scales, zero_point=torch.zeros(scales.shape, dtype=torch.int8),
+        target_dtype=torch.int4 if w.kind == "int4" else torch.int8, block_size=(1, GROUP),
+        dtype=torch.float32,
+        activation_quantization=(IntxUnpackedToInt8TensorActivationQuantization.INT8_ASYM_PER_TOKEN
+                                 if dynamic_activations else None))
+
+
+class TorchaoOps(DenseOps):
+    """int4/int8 weights as torchao quantized tensors, the rest dense."""
+
+    def linear(self, w: TargetWeight, bias: TargetWeight | None) -> nn.Module:
+        if w.kind == "dense":
+            return super().linear(w, bias)
+        rows, cols = w.shape
+        layer = nn.Linear(cols, rows, bias=bias is not None)
+        layer.weight = nn.Parameter(_quantized_tensor(w, dynamic_activations=True), requires_grad=False)
+        if bias is not None:
+            layer.bias = nn.Parameter(torch.from_numpy(bias.values().copy()), requires_grad=False)
+        return layer
+
+    def embedding(self, w: TargetWeight) -> nn.Module:
+        if w.kind == "dense":
+            return super().embedding(w)
+        rows, cols = w.shape
+        layer = nn.Embedding(rows, cols)
+        layer.weight = nn.Parameter(_quantized_tensor(w, dynamic_activations=False), requires_grad=False)
+        return layer
+
+
+def write_chunk(prepared: PreparedModel, chunk: Chunk, out_dir: Path, *, kv: str, cache_len: int,
+                prefill_tokens: int) -> dict[str, object]:
+    """Lower one chunk to `chunk{i}.pte` in `out_dir`; returns its manifest entry."""
+    graph = ChunkGraph(prepared.source.spec, prepared.weights, chunk.layers, first=chunk.first,
+                       last_chunk=chunk.last, cache_len=cache_len, kv=kv, ops=TorchaoOps())
+    path = out_dir / f"chunk{chunk.index}{EXTENSION}"
+    info = lower_to_file(graph, path, prefill_tokens)
+    inputs, outputs = chunk_io(prepared.source.spec, chunk, kv, cache_len)
+    return {"file": path.name, "layers": [chunk.layers.start, chunk.layers.stop], "embedding": chunk.first,
+            "head": chunk.last, "inputs": inputs, "outputs": outputs, "bytes": path.stat().st_size, **info}
+
+
+def lower_to_file(graph: ChunkGraph, path: Path, prefill_tokens: int) -> dict[str, object]:
+    """Export `graph` with methods prefill (T = prefill_tokens) and decode (T = 1) to `path`."""
+    from executorch.backends.xnnpack.partition.xnnpack_partitioner import (
+        XnnpackDynamicallyQuantizedPartitioner,
+        XnnpackPartitioner,
+    )
+    from executorch.exir import EdgeCompileConfig, ExecutorchBackendConfig, to_edge_transform_and_lower
+    from executorch.exir.passes import MemoryPlanningPass
+
+    graph = graph.eval()
+    with torch.no_grad():
+        programs = {name: torch.export.export(graph, example_inputs(graph, tokens), strict=False)
+                    for name, tokens in (("prefill", prefill_tokens), ("decode", 1))}
+    edge = to_edge_transform_and_lower(
+        programs,
+        partitioner={name: [XnnpackDynamicallyQuantizedPartitioner(), XnnpackPartitioner()] for name in programs},
+        compile_config=EdgeCompileConfig(_check_ir_validity=False),
+    )
+    program = edge.to_executorch(ExecutorchBackendConfig(
+        extract_delegate_segments=True,
+        do_quant_fusion_and_const_prop=True,
+        # Both methods read and write the same cache buffers.
+        memory_planning_pass=MemoryPlanningPass(alloc_graph_input=False, share_mutable_buffers=True),
+        emit_mutable_buffer_names=True,
+    ))
+    with open(path, "wb") as f:
+        program.write_to_file(f)
+    return {"ops": _delegation_summary(edge)}
+
+
+def _delegation_summary(edge) -> dict[str, dict[str, int]]:
+    """Per method: how many XNNPACK delegate calls there are and which ops stay on ExecuTorch's
+    own kernels (cache writes, lookups, masks)."""
+    out: dict[str, dict[str, int]] = {}
+    for name in edge.methods:
+        counts: dict[str, int] = {}
+        for node in edge.exported_program(name).graph.nodes:
+            if node.op != "call_function" or node.target is operator.getitem:
+                continue
+            op = getattr(node.target, "__name__", str(node.target))
+            key = "xnnpack_delegate" if "executorch_call_delegate" in op else op.split(".")[0]
+            counts[key] = counts.get(key, 0) + 1
+        out[name] = dict(sorted(counts.items()))
+    return out
