@@ -5,6 +5,7 @@ tensors from both model files where they have the format; quantized Gaussian wei
 
 from __future__ import annotations
 
+from functools import cache
 from pathlib import Path
 
 import numpy as np
@@ -27,14 +28,20 @@ def _gemma_path() -> Path:
     return GEMMA
 
 
+@cache
+def _reader(path: Path) -> GGUFReader:
+    return GGUFReader(str(path))
+
+
 def _real(path: Path, name: str) -> tuple[np.ndarray, int]:
-    for t in GGUFReader(str(path)).tensors:
+    for t in _reader(path).tensors:
         if t.name == name:
             cols = int(t.shape[0])
             return np.ascontiguousarray(t.data[:ROWS]), cols
     raise AssertionError(f"tensor {name} not found in {path}")
 
 
+@cache
 def _weights(fmt: str) -> tuple[np.ndarray, int]:
     real = {"q8_0": (_gemma_path(), "blk.0.attn_v.weight"), "q5_0": (_gemma_path(), "blk.0.attn_q.weight"),
             "q4_k": (_gemma_path(), "blk.0.attn_output.weight"), "q6_k": (_gemma_path(), "blk.0.ffn_down.weight"),
