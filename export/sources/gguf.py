@@ -162,6 +162,17 @@ class GGUFFile:
         raw = np.frombuffer(self._map, dtype=np.uint8, count=info.nbytes, offset=info.offset)
         return Tensor(name, info.fmt, info.shape, raw.reshape(rows, -1))
 
+    def release(self, name: str) -> None:
+        """Drop a tensor's pages from this process's memory (they are re-read if used again).
+        For tensors the loader copied in rewritten form: the file's pages, touched while
+        rewriting, would otherwise stay resident next to the copy."""
+        info = self.tensors[name]
+        page = mmap.PAGESIZE
+        start = -(-info.offset // page) * page  # pages wholly inside the tensor: neighbours keep theirs
+        end = (info.offset + info.nbytes) // page * page
+        if end > start and hasattr(mmap, "MADV_DONTNEED"):
+            self._map.madvise(mmap.MADV_DONTNEED, start, end - start)
+
 
 def read_metadata(path: str | Path) -> dict[str, Any]:
     """All key/value metadata of a GGUF file as plain Python values."""
@@ -191,6 +202,7 @@ def load_gguf(path: str | Path) -> ModelSource:
         tensors[name] = family.fix_gguf_tensor(raw, spec, arch)
         if tensors[name] is not raw:
             rewritten.append(name)  # its bytes in memory differ from the file's
+            gguf_file.release(name)
     source = ModelSource(path=gguf_file.path, kind="gguf", spec=spec, tokenizer=tokenizer, tensors=tensors,
                          info={"name": gguf_file.metadata.get("general.name") or gguf_file.path.stem,
                                "file_bytes": gguf_file.file_size, "gguf": gguf_file,
