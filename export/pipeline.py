@@ -31,6 +31,10 @@ from edgeflash.runtime.bundle.layout import FORMAT_VERSION, MAGIC
 from edgeflash.runtime.source import ModelSource
 
 TARGETS = ("bundle",)
+# The platforms' own formats (edgeflash.export.targets); options they take besides `quant`.
+PLATFORM_TARGETS = ("executorch", "onnx", "coreml")
+PLATFORM_OPTIONS = ("chunks", "cache_len", "prefill_tokens", "kv", "group_size", "calibration_tokens", "overwrite",
+                    "progress", "threads")
 DEFAULT_SPARSITY = (0.3, 0.5, 0.7)
 
 
@@ -87,9 +91,13 @@ def resolve_config(quant: str | QuantConfig, group_size: int | None) -> QuantCon
 def export(source: Any, out_dir: str | Path, quant: str | QuantConfig = "q4_0", target: str = "bundle", *,
            config: Any = None, tokenizer: Any = None, **options: Any) -> ExportResult:
     """Export `source` (GGUF path, HF directory, bundle, alias like "default", a ModelSource, or a
-    torch nn.Module with `config=` and `tokenizer=`) to a bundle directory `out_dir`."""
+    torch nn.Module with `config=` and `tokenizer=`) to a bundle directory `out_dir`, or with
+    target="executorch" | "onnx" | "coreml" to that platform's format (`export_target`)."""
+    if target in PLATFORM_TARGETS:
+        return _export_platform(source, out_dir, quant, target, config, tokenizer, options)
     if target not in TARGETS:
-        raise UserError(f"target {target!r} is not available in this build (available: {', '.join(TARGETS)})")
+        raise UserError(f"target {target!r} is not available in this build "
+                        f"(available: {', '.join(TARGETS + PLATFORM_TARGETS)})")
     unknown = set(options) - {f for f in ExportOptions.__dataclass_fields__}
     if unknown:
         raise TypeError(f"export() got unknown options: {', '.join(sorted(unknown))}")
@@ -100,6 +108,18 @@ def export(source: Any, out_dir: str | Path, quant: str | QuantConfig = "q4_0", 
     check_output(out, opts.overwrite)
     with export_threads():
         return _run(source, out, qconfig, opts, config, tokenizer)
+
+
+def _export_platform(source: Any, out_dir: str | Path, quant: str | QuantConfig, target: str, config: Any,
+                     tokenizer: Any, options: dict[str, Any]):
+    # Options that only mean something for a bundle (evaluation, sparsity, arenas...) are refused
+    # rather than ignored, so no flag silently does nothing.
+    bundle_only = sorted(set(options) - set(PLATFORM_OPTIONS))
+    if bundle_only:
+        raise UserError(f"target {target}: option(s) {', '.join(bundle_only)} apply to the bundle target only")
+    from edgeflash.export.targets import export_target
+
+    return export_target(source, out_dir, target, quant=quant, config=config, tokenizer=tokenizer, **options)
 
 
 def _run(source: Any, out: Path, qconfig: QuantConfig, opts: ExportOptions, config: Any, tokenizer: Any

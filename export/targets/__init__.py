@@ -65,8 +65,10 @@ def check_spec(spec, target: str) -> None:
 def export_target(source: Any, out: str | Path, target: str, quant: Any = "q4_0", chunks: int = 1, *,
                   cache_len: int = DEFAULT_CACHE_LEN, prefill_tokens: int = DEFAULT_PREFILL_TOKENS,
                   kv: str | None = None, group_size: int | None = None, calibration_tokens: int = 512,
-                  overwrite: bool = False, progress: bool = True, threads: int = 2) -> TargetResult:
-    """Export `source` (path, alias or ModelSource) to `out` for `target`, split into `chunks`."""
+                  overwrite: bool = False, progress: bool = True, threads: int = 2, config: Any = None,
+                  tokenizer: Any = None) -> TargetResult:
+    """Export `source` (path, alias, ModelSource, or nn.Module with `config` and `tokenizer`) to
+    `out` for `target`, split into `chunks`."""
     from edgeflash.export.pipeline import resolve_config
     from edgeflash.export.progress import note
     from edgeflash.export.sources import load_source
@@ -82,7 +84,7 @@ def export_target(source: Any, out: str | Path, target: str, quant: Any = "q4_0"
             raise UserError(f"{name} = {value!r}: expected an integer >= {low}")
     out = Path(out).expanduser()
     _check_output(out, overwrite)
-    config = resolve_config(quant, group_size)
+    qconfig = resolve_config(quant, group_size)
     timings: dict[str, float] = {}
     clock = time.perf_counter()
 
@@ -95,7 +97,7 @@ def export_target(source: Any, out: str | Path, target: str, quant: Any = "q4_0"
     import torch
 
     torch.set_num_threads(threads)
-    model = load_source(source)
+    model = load_source(source, config=config, tokenizer=tokenizer)
     check_spec(model.spec, target)
     if cache_len > model.spec.context_length:
         raise UserError(f"cache_len = {cache_len}: the model's context is {model.spec.context_length} tokens")
@@ -104,11 +106,11 @@ def export_target(source: Any, out: str | Path, target: str, quant: Any = "q4_0"
     plan = plan_chunks(model.spec.n_layers, chunks)
     from edgeflash.export.targets.prepare import check_config, prepare
 
-    check_config(model, config, module.FORMATS, target)
+    check_config(model, qconfig, module.FORMATS, target)
     lap("load")
-    importance = _importance(model, calibration_tokens, progress, threads) if config.calibrated else None
+    importance = _importance(model, calibration_tokens, progress, threads) if qconfig.calibrated else None
     lap("calibrate")
-    prepared = prepare(model, config, module.FORMATS, target, importance, progress, adapt=getattr(module, "adapt", None))
+    prepared = prepare(model, qconfig, module.FORMATS, target, importance, progress, adapt=getattr(module, "adapt", None))
     lap("quantize")
 
     tmp = out.parent / f"{out.name}.tmp-{os.getpid()}"

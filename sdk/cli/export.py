@@ -1,4 +1,5 @@
-"""`edgeflash export`: quantize, partition, calibrate and write a verified bundle."""
+"""`edgeflash export`: quantize, partition, calibrate and write a verified bundle, or the same
+model and quantization as an ExecuTorch, ONNX or Core ML export (--target)."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from pathlib import Path
 from edgeflash.cli.args import non_negative_int, positive_int
 from edgeflash.errors import UserError
 
-HELP = "export a model to an edgeflash bundle"
+HELP = "export a model to an edgeflash bundle, ExecuTorch, ONNX or Core ML"
 DESCRIPTION = """Export SOURCE (a GGUF file, a Hugging Face directory or a model alias) to the bundle
 directory OUT: quantize with --quant, calibrate on text (sparsity thresholds, hot-first neuron
 order, predictors, token frequencies), write 4 KiB-aligned checksummed blocks, and print a
@@ -19,8 +20,14 @@ quality report (perplexity against the source model on held-out text).
 schemes: keep, f16, q8_0, q4_0, q4_0-rtn, q4_1, q4_1-rtn, q4_k, q4_lut, q4_0-mixed, q4_lut-mixed,
   or mixed:ROLE=FORMAT[/METHOD][@GROUP],... with roles embedding, head, attention, ffn, norm, *
 
+targets: bundle (default), executorch (.pte, XNNPACK), onnx (.onnx, onnxruntime),
+  coreml (.mlpackage); the last three take q4_0, q8_0, f16, f32 (coreml also q4_lut) or a
+  mixed: scheme of them, --chunks, --cache-len, --prefill-tokens and --kv (pip install
+  'edgeflash[backends]')
+
 examples:
   edgeflash export default -o out/gemma-q4_0
+  edgeflash export smollm2-135m -o out/smol-et --target executorch --quant q4_0-rtn --chunks 2
   edgeflash export smollm2-135m -o out/smol-keep --quant keep
   edgeflash export model.gguf -o out/m --quant mixed:attention=q8_0,ffn=q4_0 --calibration my.txt
 """
@@ -46,11 +53,20 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    help="a QuantConfig as JSON (overrides --quant)")
     p.add_argument("--group-size", type=positive_int, default=None,
                    help="values per quantization scale; must match the formats' block size")
-    p.add_argument("--target", default="bundle", help="output kind (default: %(default)s)")
+    p.add_argument("--target", default="bundle", help="bundle, executorch, onnx or coreml (default: %(default)s)")
+    p.add_argument("--chunks", type=positive_int, default=None,
+                   help="platform targets: split the layers into N files loaded one after another (default: 1)")
+    p.add_argument("--cache-len", type=positive_int, default=None,
+                   help="platform targets: KV-cache length = longest sequence (default: 1024)")
+    p.add_argument("--prefill-tokens", type=positive_int, default=None,
+                   help="platform targets: tokens per prefill call (default: 64)")
+    p.add_argument("--kv", choices=("state", "io"), default=None,
+                   help="platform targets: KV cache inside the program (state) or passed in and out (io)")
     p.add_argument("--calibration", type=Path, metavar="TEXTFILE",
                    help="calibration text (default: the shakespeare calibration split)")
-    p.add_argument("--calibration-tokens", type=positive_int, default=2048,
-                   help="calibration tokens run through the model (default: %(default)s)")
+    p.add_argument("--calibration-tokens", type=non_negative_int, default=None,
+                   help="calibration tokens run through the model (default: 2048; platform targets 512, "
+                        "0 = unweighted quantization)")
     p.add_argument("--eval-tokens", type=non_negative_int, default=1024,
                    help="held-out tokens for perplexity; 0 skips evaluation (default: %(default)s)")
     p.add_argument("--sparsity-eval-tokens", type=positive_int, default=512,
@@ -76,20 +92,30 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(run=run)
 
 
+# Options of the bundle target only: dest -> (flag, default). A platform target refuses them when
+# set, so that no flag silently does nothing.
+BUNDLE_ONLY = {"calibration": ("--calibration", None), "eval_tokens": ("--eval-tokens", 1024),
+               "sparsity_eval_tokens": ("--sparsity-eval-tokens", 512), "window_tokens": ("--window", 512),
+               "sparsity": ("--sparsity", [0.3, 0.5, 0.7]), "neuron_arena": ("--no-neuron-arena", True),
+               "predictor_rank": ("--predictor-rank", 64), "top_tokens": ("--top-tokens", 8192),
+               "baseline": ("--no-baseline", True), "tensors": ("--tensors", False)}
+PLATFORM_ONLY = ("chunks", "cache_len", "prefill_tokens", "kv")
+
+
 def run(args: argparse.Namespace) -> int:
     from edgeflash.export import export
     from edgeflash.runtime.bundle.describe import render, summary
 
-    quant: object = args.quant
-    if args.quant_config is not None:
-        from edgeflash.export.quant import QuantConfig
-
-        try:
-            quant = QuantConfig.from_json(args.quant_config.read_text(encoding="utf-8"))
-        except OSError as e:
-            raise UserError(f"{args.quant_config}: cannot read the quant config ({e.strerror})") from None
+    quant = _quant(args)
+    if args.target != "bundle":
+        return _run_platform(args, quant)
+    given = [f"--{n.replace('_', '-')}" for n in PLATFORM_ONLY if getattr(args, n) is not None]
+    if given:
+        raise UserError(f"{', '.join(given)}: only for --target executorch, onnx or coreml, not bundle")
+    if args.calibration_tokens == 0:
+        raise UserError("--calibration-tokens 0: a bundle needs calibration tokens (an integer >= 1)")
     result = export(args.source, args.output, quant=quant, target=args.target,
-                    calibration=args.calibration, calibration_tokens=args.calibration_tokens,
+                    calibration=args.calibration, calibration_tokens=args.calibration_tokens or 2048,
                     eval_tokens=args.eval_tokens, sparsity_eval_tokens=args.sparsity_eval_tokens,
                     window_tokens=args.window_tokens, sparsity=args.sparsity,
                     neuron_arena=args.neuron_arena, predictor_rank=args.predictor_rank,
@@ -100,4 +126,43 @@ def run(args: argparse.Namespace) -> int:
     out.write(f"wrote {result.path}\n")
     if args.json:
         out.write(json.dumps(summary(result.manifest)) + "\n")
+    return 0
+
+
+def _quant(args: argparse.Namespace) -> object:
+    quant: object = args.quant
+    if args.quant_config is not None:
+        from edgeflash.export.quant import QuantConfig
+
+        try:
+            quant = QuantConfig.from_json(args.quant_config.read_text(encoding="utf-8"))
+        except OSError as e:
+            raise UserError(f"{args.quant_config}: cannot read the quant config ({e.strerror})") from None
+    return quant
+
+
+def _run_platform(args: argparse.Namespace, quant: object) -> int:
+    from edgeflash.export import export
+
+    given = [flag for n, (flag, default) in BUNDLE_ONLY.items() if getattr(args, n) != default]
+    if given:
+        raise UserError(f"{', '.join(given)}: only for the bundle target, not --target {args.target}")
+    options = {n: getattr(args, n) for n in (*PLATFORM_ONLY, "calibration_tokens") if getattr(args, n) is not None}
+    result = export(args.source, args.output, quant=quant, target=args.target, group_size=args.group_size,
+                    overwrite=args.force, progress=not args.quiet, threads=args.threads, **options)
+    m = result.manifest
+    out = sys.stdout
+    out.write(f"{m['target']} export of {m['model']['name']} ({m['quant']['scheme']}), "
+              f"{len(m['chunks'])} chunk(s), cache {m['cache']['length']} tokens (kv={m['cache']['mode']}):\n")
+    for c in m["chunks"]:
+        parts = (["embedding"] if c["embedding"] else []) + [f"layers {c['layers'][0]}-{c['layers'][1] - 1}"] + (
+            ["head"] if c["head"] else [])
+        out.write(f"  {c['file']:<20} {c['bytes'] / 2**20:8.1f} MiB  {', '.join(parts)}\n")
+    out.write(f"  total {m['total_bytes'] / 2**20:.1f} MiB; export {result.timings['total']:.0f} s\n")
+    out.write(f"wrote {result.path}\n")
+    if args.json:
+        out.write(json.dumps({"target": m["target"], "path": str(result.path), "quant": m["quant"]["scheme"],
+                              "total_bytes": m["total_bytes"], "cache": {k: m["cache"][k] for k in ("mode", "length")},
+                              "chunks": [{k: c[k] for k in ("file", "bytes", "layers")} for c in m["chunks"]],
+                              "timings_s": result.timings}) + "\n")
     return 0
