@@ -113,26 +113,38 @@ def export_target(source: Any, out: str | Path, target: str, quant: Any = "q4_0"
     prepared = prepare(model, qconfig, module.FORMATS, target, importance, progress, adapt=getattr(module, "adapt", None))
     lap("quantize")
 
+    # Everything is written under a temporary name next to `out`, renamed into place at the end:
+    # an error or a kill leaves no half-written export at `out`.
     tmp = out.parent / f"{out.name}.tmp-{os.getpid()}"
     shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
+    try:
+        tmp.mkdir(parents=True)
+    except OSError as e:
+        raise UserError(f"{out.parent}: cannot create the export there ({e.strerror})") from None
     try:
         chunk_entries = []
+        writing = ""  # what is being written, for the error message
         for chunk in plan:
+            writing = f"chunk {chunk.index}"
             note(f"{target}: chunk {chunk.index + 1}/{len(plan)}, layers {chunk.layers.start}-{chunk.layers.stop - 1}",
                  progress)
             entry = module.write_chunk(prepared, chunk, tmp, kv=kv, cache_len=cache_len,
                                        prefill_tokens=prefill_tokens)
             chunk_entries.append(entry)
             lap(f"chunk {chunk.index}")
+        writing = TOKENIZER_FILE
         (tmp / TOKENIZER_FILE).write_text(model.tokenizer.to_json(), encoding="utf-8")
         manifest = _manifest(prepared, target, kv, cache_len, prefill_tokens, chunk_entries, timings, module)
         from edgeflash.export.targets.chunks import write_manifest
 
+        writing = "manifest.json"
         write_manifest(tmp, manifest)
         if out.exists():
             shutil.rmtree(out)
         os.replace(tmp, out)
+    except OSError as e:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise UserError(f"{out}: writing {writing} failed ({e.strerror or e}); nothing was left behind") from None
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise

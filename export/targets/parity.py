@@ -92,3 +92,19 @@ def summarize(results: list[PromptParity]) -> dict[str, object]:
         "mean_common_prefix": round(float(np.mean([r.common_prefix for r in results])), 2),
         "per_prompt": [asdict(r) for r in results],
     }
+
+
+def reference_model(source, target: str, quant="q4_0"):
+    """The reference runtime's model for an export of `source` to `target` with `quant` (no
+    calibration): the same quantize stage and target form as `export_target`, so its weights are
+    the numbers the export computes with."""
+    from edgeflash.export.pipeline import resolve_config
+    from edgeflash.export.sources import load_source
+    from edgeflash.export.targets import target_module
+    from edgeflash.export.targets.prepare import prepare
+
+    module = target_module(target)
+    model = load_source(source)
+    prepared = prepare(model, resolve_config(quant, None), module.FORMATS, target,
+                       adapt=getattr(module, "adapt", None))
+    return prepared.reference_source()
