@@ -45,7 +45,7 @@ def compiled_jar() -> Path:
         jar.parent.mkdir(parents=True, exist_ok=True)
         tmp = jar.with_suffix(f".tmp{os.getpid()}.jar")
         done = subprocess.run([str(home / "bin" / "kotlinc"), "-nowarn", "-d", str(tmp), *map(str, sources())],
-                              capture_output=True, text=True, timeout=600)
+                              check=False, capture_output=True, text=True, timeout=600)
         if done.returncode != 0:
             raise AssertionError(f"kotlinc failed:\n{done.stdout}\n{done.stderr}")
         os.replace(tmp, jar)
@@ -58,8 +58,11 @@ def run_check(request: dict, workdir: Path) -> dict:
     stdlib = kotlin_home() / "lib" / "kotlin-stdlib.jar"
     path = workdir / "request.json"
     path.write_text(json.dumps(request), encoding="utf-8")
-    done = subprocess.run(["java", "-cp", f"{jar}{os.pathsep}{stdlib}", "org.edgeflash.llm.check.LogicCheckKt", str(path)],
-                          capture_output=True, text=True, timeout=300)
+    java = shutil.which("java")
+    if java is None:
+        raise RuntimeError("java (a JDK or JRE 17+) is needed to run the Kotlin checks; install openjdk-17-jre-headless")
+    done = subprocess.run([java, "-cp", f"{jar}{os.pathsep}{stdlib}", "org.edgeflash.llm.check.LogicCheckKt", str(path)],
+                          check=False, capture_output=True, text=True, timeout=300)
     if done.returncode != 0:
         raise AssertionError(f"LogicCheck failed:\n{done.stderr[-4000:]}")
     return json.loads(done.stdout)

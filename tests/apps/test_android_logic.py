@@ -14,8 +14,6 @@ JVM, against its Python twins on the same inputs:
 
 from __future__ import annotations
 
-import json
-from pathlib import Path
 from types import SimpleNamespace
 
 import numpy as np
@@ -123,7 +121,6 @@ def kotlin(exports):
              for r in range(len(rows)) for params in CASES]
     smol_manifest = exports.smol / "manifest.json"
     from edgeflash.export.targets.chunks import read_manifest
-
     from edgeflash.export.targets.runner import TargetRunner  # noqa: F401  (fails early if the runner moved)
 
     smol_m = read_manifest(exports.smol)

@@ -28,9 +28,9 @@ STRUCT_PATHS = {
 def coding_keys(source: str) -> dict[str, set[str]]:
     """JSON keys of each Decodable struct: the raw values of its CodingKeys enum."""
     out: dict[str, set[str]] = {}
-    for match in re.finditer(r"public struct (\w+): Decodable \{(.*?)\n\}", source, re.S):
+    for match in re.finditer(r"public struct (\w+): Decodable \{(.*?)\n\}", source, re.DOTALL):
         name, body = match.groups()
-        enum = re.search(r"enum CodingKeys: String, CodingKey \{(.*?)\}", body, re.S)
+        enum = re.search(r"enum CodingKeys: String, CodingKey \{(.*?)\}", body, re.DOTALL)
         assert enum, f"struct {name} has no CodingKeys (every key is spelled out so this test can read it)"
         cases = re.findall(r"(\w+) = \"([^\"]+)\"", enum.group(1))
         assert cases, name
@@ -96,7 +96,7 @@ def test_tokenizer_keys_and_steps_exist_in_the_exported_tokenizers(exports):
     steps = (LLM / "Tokenizer" / "Steps.swift").read_text()
 
     def enum_values(name: str) -> set[str]:
-        body = re.search(rf"enum {name} \{{(.*?)\n\}}", swift, re.S).group(1)
+        body = re.search(rf"enum {name} \{{(.*?)\n\}}", swift, re.DOTALL).group(1)
         return set(re.findall(r"= \"([a-z_]+)\"", body))
 
     spec_keys, model_keys = enum_values("SpecKeys"), enum_values("ModelKeys")

@@ -6,18 +6,20 @@ import org.edgeflash.llm.Manifest
 import org.edgeflash.llm.Pass
 import org.edgeflash.llm.SamplingParams
 import org.edgeflash.llm.feedPlan
-import kotlin.random.Random
 
 /** Checks of the plain logic that need no Python twin; each returns null when it holds. */
 object SelfCheck {
     fun run(): Map<String, String?> = linkedMapOf(
-        "feed_plan_pieces" to feedPlanPieces(),
-        "feed_plan_near_cache_end" to feedPlanNearEnd(),
-        "kv_write_places_entries" to kvWrite(),
-        "bad_manifest_errors_name_the_field" to badManifest(),
-        "bad_sampling_params_rejected" to badParams(),
-        "json_unicode_escapes" to jsonEscapes(),
+        "feed_plan_pieces" to guard(::feedPlanPieces),
+        "feed_plan_near_cache_end" to guard(::feedPlanNearEnd),
+        "kv_write_places_entries" to guard(::kvWrite),
+        "bad_manifest_errors_name_the_field" to guard(::badManifest),
+        "bad_sampling_params_rejected" to guard(::badParams),
+        "json_unicode_escapes" to guard(::jsonEscapes),
     )
+
+    /** A check that throws fails alone, with the exception as its message. */
+    private fun guard(check: () -> String?): String? = try { check() } catch (e: Exception) { e.toString() }
 
     private fun feedPlanPieces(): String? {
         val plan = feedPlan(0, 19, 8, 64, staticShapes = true)
@@ -70,7 +72,4 @@ object SelfCheck {
         val s = Json.parse("\"\\u2581a\\ud83d\\ude00\"") as String
         return if (s == "\u2581a\uD83D\uDE00") null else "got $s"
     }
-
-    @Suppress("unused")
-    private val rng = Random(0)
 }
