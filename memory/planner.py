@@ -53,7 +53,11 @@ def default_context(spec: ModelSpec, budget: int, share: float = 0.25, cap: int 
 
 
 class BudgetError(UserError):
-    """The budget cannot hold even the minimum a run needs."""
+    """The budget cannot hold even the minimum a run needs (`minimum_bytes` when it is known)."""
+
+    def __init__(self, message: str, minimum_bytes: int | None = None):
+        super().__init__(message)
+        self.minimum_bytes = minimum_bytes
 
 
 @dataclass
@@ -111,6 +115,25 @@ def make_plan(layout: WeightLayout, spec: ModelSpec, budget: int, strategy: str,
     False: an approximate head replaces the full one (its rows are a fixed cost)."""
     if strategy not in STRATEGIES:
         raise UserError(f"strategy = {strategy!r}: expected one of {', '.join(STRATEGIES)}")
+    args = (layout, spec, budget, strategy, fixed, io_threads, chunk_bytes, skip, full_head)
+    if strategy != "flash":
+        return _plan(*args, slots=1)
+    # Prefetch needs at least two staging slots; a third lets reads run two units ahead, but under
+    # a tight budget its bytes are worth more as resident weights. Keep whichever reads less per
+    # token (the deeper prefetch on a tie).
+    plans = []
+    for slots in (3, 2):
+        try:
+            plans.append(_plan(*args, slots=slots))
+        except BudgetError as e:
+            error = e
+    if not plans:
+        raise error
+    return min(plans, key=lambda p: p.stream_bytes_per_pass)
+
+
+def _plan(layout: WeightLayout, spec: ModelSpec, budget: int, strategy: str, fixed: dict[str, int],
+          io_threads: int, chunk_bytes: int, skip: frozenset[str], full_head: bool, slots: int) -> MemoryPlan:
     fixed = dict(fixed)
     fixed["runtime_reserve"] = RUNTIME_RESERVE
     groups = layout.groups
@@ -129,7 +152,6 @@ def make_plan(layout: WeightLayout, spec: ModelSpec, budget: int, strategy: str,
     if head_name != "embedding" and "embedding" in groups:
         order.insert(0, "embedding")  # a table that only serves rows: cheap to stream, last to keep
     flash = strategy == "flash"
-    slots = 3 if flash else 1
     io = IoSettings(threads=io_threads if flash else 1, chunk_bytes=chunk_bytes, slots=slots, prefetch=flash)
 
     def layer_unit(i: int, resident: set[str]) -> int:
@@ -149,7 +171,7 @@ def make_plan(layout: WeightLayout, spec: ModelSpec, budget: int, strategy: str,
         raise BudgetError(
             f"memory budget {format_size(budget)} is too small for this model: at least {format_size(minimum)} "
             f"is needed ({', '.join(f'{k} {format_size(v)}' for k, v in fixed.items())}, "
-            f"staging {format_size(staging(set())[0])}); raise --memory-budget or shorten the context")
+            f"staging {format_size(staging(set())[0])}); raise --memory-budget or shorten the context", minimum)
 
     resident: set[str] = set()
     if strategy != "naive":

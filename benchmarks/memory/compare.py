@@ -8,9 +8,9 @@ storage, not the page cache.
   python benchmarks/memory/compare.py --window-sweep         # bytes/token vs window k and sparsity (+ plot)
   python benchmarks/memory/compare.py --long                 # 512 tokens, model twice the budget, RSS over time
 
-Bundles are exported once into bench-out/bundles/ (q4_0, full calibration). "Bundle size" here is
-the weights an exact run needs (embedding/head, attention, dense FFN, norms); the neuron arenas and
-predictors that only approximate mode reads are extra flash, listed separately.
+Bundles are exported once into bench-out/bundles/ (q4_0, full calibration). Budgets are fractions
+of the bundle's size on flash (weights.bin: everything exact mode reads plus the neuron arenas and
+predictors only approximate mode reads). Context: 256 tokens, so the KV cache leaves room for weights.
 """
 
 from __future__ import annotations
@@ -45,7 +45,7 @@ RUN = textwrap.dedent("""
     bundle, budget, options, tokens, prompt = sys.argv[1], int(sys.argv[2]), json.loads(sys.argv[3]), int(sys.argv[4]), sys.argv[5]
     reset_peak_rss(); before = current_rss_bytes()
     try:
-        m = ef.load(bundle, memory_budget=budget, context_length=512, **options)
+        m = ef.load(bundle, memory_budget=budget, context_length=256, **options)
     except ef.UserError as e:
         print(json.dumps({"error": str(e)})); sys.exit(0)
     r = m.generate(prompt, max_tokens=tokens)
@@ -93,7 +93,7 @@ def compare(args: argparse.Namespace) -> None:
         print(f"{model}: exact-mode weights {exact / 1e6:.1f} MB (+ {approx / 1e6:.1f} MB arenas/predictors)",
               file=sys.stderr)
         for fraction in (0.5, 0.25):
-            plan.append((model, bundle, fraction, int(exact * fraction)))
+            plan.append((model, bundle, fraction, int((exact + approx) * fraction)))
     for round_no in range(args.rounds):
         for model, bundle, fraction, budget in plan:
             for name in args.configs:

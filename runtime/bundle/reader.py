@@ -15,6 +15,7 @@ import json
 import mmap
 import os
 import zlib
+from array import array
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
@@ -55,6 +56,7 @@ class Bundle:
             raise ModelFormatError(f"{path}: the bundle has no {WEIGHTS_FILE}")
         size = weights_path.stat().st_size
         manifest = parse_manifest(raw, manifest_path, size)
+        _compact_calibration(raw)
         weights_map = None
         if size:
             with open(weights_path, "rb") as f:
@@ -210,6 +212,37 @@ def _tensor_view(entry: TensorEntry, block_bytes: memoryview) -> Tensor:
 def _arena_view(arena: ArenaEntry, block_bytes: memoryview) -> np.ndarray:
     raw = np.frombuffer(block_bytes, dtype=np.uint8, count=arena.nbytes, offset=arena.offset)
     return raw.reshape(arena.n_neurons, arena.stride)
+
+
+def _compact_calibration(raw: dict[str, Any]) -> None:
+    """Per-neuron and per-token calibration lists (and arena orders) as packed arrays: as JSON
+    lists of Python numbers they cost ~36 bytes a value, several MB of a device's budget for
+    SmolLM2's 46k neurons."""
+    calibration = raw.get("calibration") or {}
+    for section, typecodes in (("neurons", {"frequency": "f", "order": "i"}),
+                               ("token_frequencies", {"ids": "i", "counts": "q", "frequencies": "f"})):
+        part = calibration.get(section)
+        if not isinstance(part, dict):
+            continue
+        for key, code in typecodes.items():
+            values = part.get(key)
+            part[key] = _packed(values, code)
+    for block in raw.get("blocks") or []:
+        arena = block.get("arena") if isinstance(block, dict) else None
+        if isinstance(arena, dict):
+            arena["order"] = _packed(arena.get("order"), "i")
+
+
+def _packed(values: Any, code: str) -> Any:
+    """A list (or list of lists) of numbers as array(code); anything else as it was."""
+    try:
+        if isinstance(values, list) and values and isinstance(values[0], list):
+            return [array(code, row) for row in values]
+        if isinstance(values, list):
+            return array(code, values)
+    except (TypeError, OverflowError):
+        pass  # not plain numbers of that type: parse_manifest already judged the manifest
+    return values
 
 
 def load_bundle(path: str | Path, verify: bool = True):
