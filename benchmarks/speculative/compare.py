@@ -51,7 +51,7 @@ RUN = textwrap.dedent("""
     import edgeflash as ef
     bundle, budget, tokens, drafters = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4].split(",")
     prompts = json.loads(sys.stdin.read())
-    opts = {} if budget == "none" else {"memory_budget": int(budget), "speculative": "auto"}
+    opts = {} if budget == "none" else {"memory_budget": int(budget), "speculative": "auto", "context_length": 512}
     m = ef.load(bundle, **opts)
     out = []
     for kind, text in prompts:
@@ -99,10 +99,9 @@ def main() -> None:
     print("|---|---|---|---|---|---|---|")
     for model in args.models:
         bundle = ensure_bundle(model)
-        manifest = json.loads((bundle / "manifest.json").read_text())
-        exact = sum(b["nbytes"] for b in manifest["blocks"] if b["kind"] not in ("neurons", "predictor"))
+        bundle_bytes = (bundle / "weights.bin").stat().st_size  # budgets are fractions of the bundle on flash
         for budget in args.budgets:
-            b = "none" if budget == "none" else str(int(exact * float(budget)))
+            b = "none" if budget == "none" else str(int(bundle_bytes * float(budget)))
             proc = subprocess.run([sys.executable, "-c", RUN, str(bundle), b, str(args.tokens), ",".join(DRAFTERS)],
                                   input=json.dumps(prompts), capture_output=True, text=True, cwd="/")
             if proc.returncode != 0:

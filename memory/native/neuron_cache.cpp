@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <functional>
 #include <stdexcept>
 
 namespace ef::memory {
@@ -176,14 +177,20 @@ void NeuronCacheFfn::compute(int64_t layer, const engine::LayerWeights& w, const
         missing_.push_back(neuron);
       }
     }
-    // Make room: evict the least recently used neurons this round does not need.
-    while (c.used + static_cast<int64_t>(missing_.size()) > capacity_) {
-      int64_t victim = -1;
-      for (int64_t slot = 0; slot < c.used; ++slot) {
-        if (mark_[c.neuron_of[slot]] == stamp_) continue;
-        if (victim < 0 || c.last_used[slot] < c.last_used[victim]) victim = slot;
-      }
-      evict_slot(c, victim);  // a round never exceeds the capacity, so a victim exists
+    // Make room: evict the least recently used neurons this round does not need, chosen in one
+    // pass (a scan per victim costs capacity x misses when the cache turns over).
+    const int64_t excess = c.used + static_cast<int64_t>(missing_.size()) - capacity_;
+    if (excess > 0) {
+      victims_.clear();
+      for (int64_t slot = 0; slot < c.used; ++slot)
+        if (mark_[c.neuron_of[slot]] != stamp_) victims_.push_back(slot);
+      // a round never exceeds the capacity, so there are at least `excess` candidates
+      std::nth_element(victims_.begin(), victims_.begin() + (excess - 1), victims_.end(),
+                       [&](int64_t a, int64_t b) { return c.last_used[a] < c.last_used[b]; });
+      victims_.resize(static_cast<size_t>(excess));
+      // Highest slot first: swap-with-last then never moves a victim still to be evicted.
+      std::sort(victims_.begin(), victims_.end(), std::greater<int64_t>());
+      for (int64_t slot : victims_) evict_slot(c, slot);
     }
     load(s, c, missing_);
     slots_.clear();

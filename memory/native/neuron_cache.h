@@ -64,6 +64,7 @@ class NeuronCacheFfn : public engine::FfnHook {
   uint64_t step_ = 0;  // one step per forward pass (counted at layer 0)
   std::vector<float> t_, p_, partial_, thresholds_;
   std::vector<int32_t> active_, missing_, slots_;
+  std::vector<int64_t> victims_;
   std::vector<uint32_t> mark_;  // neuron -> stamp of the round that needs it
   uint32_t stamp_ = 0;
   AlignedBuffer bounce_;

@@ -1,0 +1,107 @@
+"""Where a decode token's time goes, and how close it is to the memory-bandwidth roofline.
+
+For each model, in one process and interleaved over rounds (the machine is shared):
+  generate   a decoded token through `Model.generate` (sampling, stop checks, detokenizing, stats)
+  forward    one `engine.forward([token])` call: the whole C++ pass (every layer and the head)
+  gemv       the model's weight matrices multiplied in forward order by the same GEMV kernels,
+             nothing else (the working set streams from DRAM as in a real pass)
+so  python overhead = generate - forward,  other ops (attention, norms, RoPE, activation
+quantization, thread hand-offs) = forward - gemv. The roofline is the weight bytes a token reads
+divided by the measured read bandwidth: the fastest a token can be with every weight read once.
+
+  python benchmarks/engine/profile.py                     # both models, 2 threads
+  python benchmarks/engine/profile.py --models smollm2-135m --rounds 5
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import time
+
+import numpy as np
+
+PROMPT_TOKENS = 256
+DECODE_TOKENS = 64
+
+
+def gemv_pass(engine) -> tuple[callable, int]:
+    """A closure that runs every weight matrix of the model once, and the bytes it reads."""
+    from edgeflash.kernels import _native
+    from edgeflash.runtime.native_engine import _MATRICES
+
+    spec, tensors = engine.spec, engine.source.tensors
+    names = [f"blk.{i}.{n}" for i in range(spec.n_layers) for n in _MATRICES.values() if f"blk.{i}.{n}" in tensors]
+    names.append("output.weight" if "output.weight" in tensors else "token_embd.weight")
+    mats = [engine._matrix(tensors[n]) for n in names]
+    xs = {cols: np.random.default_rng(0).standard_normal((1, cols), dtype=np.float32) for _, _, _, cols in mats}
+    ys = {rows: np.empty((1, rows), np.float32) for _, _, rows, _ in mats}
+
+    def run() -> None:
+        for raw, fmt, rows, cols in mats:
+            _native.matmul(raw, fmt, rows, cols, 0, xs[cols], 1, ys[rows], False)
+
+    return run, sum(raw.nbytes for raw, *_ in mats)
+
+
+def profile(alias: str, threads: int, rounds: int, bandwidth: float) -> dict:
+    import edgeflash as ef
+    from edgeflash.export.corpus import heldout_windows
+
+    model = ef.load(alias, threads=threads, context_length=1024)
+    engine = model.engine
+    ids = model.encode(heldout_windows(1, chars_per_window=6 * PROMPT_TOKENS, offset_chars=50_000)[0])[:PROMPT_TOKENS]
+    run_gemv, gemv_bytes = gemv_pass(engine)
+    samples = {"generate": [], "forward": [], "gemv": []}
+    for _ in range(rounds):
+        engine.reset()
+        stats = model.generate(ids, max_tokens=DECODE_TOKENS).stats
+        samples["generate"].append(1.0 / stats["decode_tok_s"])
+        engine.reset()
+        engine.forward(ids)
+        token, times = ids[-1], []
+        for _ in range(DECODE_TOKENS):
+            t0 = time.perf_counter()
+            token = int(np.argmax(engine.forward([token])))
+            times.append(time.perf_counter() - t0)
+        samples["forward"].append(statistics.median(times))
+        run_gemv()  # warm
+        times = []
+        for _ in range(8):
+            t0 = time.perf_counter()
+            run_gemv()
+            times.append(time.perf_counter() - t0)
+        samples["gemv"].append(statistics.median(times))
+    t = {k: statistics.median(v) for k, v in samples.items()}
+    kv_bytes = engine.stats()["kv_cache_bytes"]
+    return {"model": alias, "weight_bytes": engine.weight_bytes, "gemv_bytes": gemv_bytes, **{f"{k}_ms": v * 1e3
+            for k, v in t.items()}, "roofline_ms": engine.weight_bytes / bandwidth * 1e3, "kv_cache_bytes": kv_bytes,
+            "loadavg": os.getloadavg()[0]}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--models", nargs="+", default=["smollm2-135m", "gemma3-270m"])
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--rounds", type=int, default=3)
+    args = parser.parse_args()
+    from edgeflash import kernels
+    from edgeflash.kernels.bench import read_bandwidth
+
+    kernels.set_num_threads(args.threads)
+    bandwidth = read_bandwidth(args.threads) * 1e9
+    print(f"memory read bandwidth, {args.threads} threads: {bandwidth / 1e9:.1f} GB/s")
+    print("| model | weights MB | roofline ms/token | generate ms/token (tok/s) | C++ forward ms | GEMV only ms "
+          "| other ops ms | Python ms | forward at % of roofline | load |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
+    for alias in args.models:
+        r = profile(alias, args.threads, args.rounds, bandwidth)
+        print(f"| {alias} | {r['weight_bytes'] / 1e6:.1f} | {r['roofline_ms']:.2f} | {r['generate_ms']:.2f} "
+              f"({1e3 / r['generate_ms']:.0f}) | {r['forward_ms']:.2f} | {r['gemv_ms']:.2f} | "
+              f"{r['forward_ms'] - r['gemv_ms']:.2f} | {r['generate_ms'] - r['forward_ms']:.2f} | "
+              f"{r['roofline_ms'] / r['forward_ms']:.0%} | {r['loadavg']:.1f} |", flush=True)
+
+
+if __name__ == "__main__":
+    main()
