@@ -125,6 +125,8 @@ class SpeculativeDecoder:
         st.by_drafter.setdefault(name, [0, 0])
         st.by_drafter[name][0] += 1
         st.by_drafter[name][1] += accepted
+        if hasattr(self.drafter, "feedback"):
+            self.drafter.feedback(name, accepted)
         self.controller.record(size, len(out), time.perf_counter() - t0)
         return out
 

@@ -112,21 +112,47 @@ class EngineDrafter:
 
 
 class CombinedDrafter:
-    """`auto`: the lookup drafter when the context repeats itself, else the engine drafter."""
+    """`auto`: the lookup drafter when the context repeats itself, else the engine drafter while
+    its drafts are accepted often enough to pay for drafting them (checked again now and then)."""
 
     name = "auto"
+    MIN_ACCEPTED = 1.0  # drafted tokens accepted per pass below which the fallback costs more than it saves
+    TRIAL_PASSES = 4  # fallback passes measured before it is judged
+    RETRY_EVERY = 48  # proposals between trials of a benched fallback
 
     def __init__(self, lookup: LookupDrafter, fallback: EngineDrafter | None):
         self.lookup, self.fallback = lookup, fallback
         self.last = "lookup"
+        self._accepted: float | None = None  # fallback's accepted tokens per pass (running average)
+        self._trials = 0
+        self._benched_at: int | None = None
+        self._proposals = 0
 
     def propose(self, history: list[int], max_nodes: int, max_depth: int) -> DraftTree:
+        self._proposals += 1
         tree = self.lookup.propose(history, max_nodes, max_depth)
         self.last = "lookup"
-        if tree.size > 1 or self.fallback is None:
-            return tree
+        if tree.size > 1 or self.fallback is None or not self._fallback_pays():
+            return tree  # a tree of one node: the decoder takes a plain step
         self.last = self.fallback.name
         return self.fallback.propose(history, max_nodes, max_depth)
+
+    def feedback(self, name: str, accepted: int) -> None:
+        """The decoder's report of one verified pass."""
+        if name != getattr(self.fallback, "name", None):
+            return
+        self._trials += 1
+        self._accepted = accepted if self._accepted is None else 0.7 * self._accepted + 0.3 * accepted
+        if self._trials >= self.TRIAL_PASSES and self._accepted < self.MIN_ACCEPTED:
+            self._benched_at = self._proposals
+
+    def _fallback_pays(self) -> bool:
+        if self._benched_at is None:
+            return True
+        if self._proposals - self._benched_at >= self.RETRY_EVERY:  # the text may have changed: try again
+            self._benched_at, self._trials, self._accepted = None, 0, None
+            return True
+        return False
 
     def memory_bytes(self) -> int:
         return self.lookup.memory_bytes() + (self.fallback.memory_bytes() if self.fallback else 0)

@@ -112,3 +112,36 @@ def test_budgeted_run_with_speculation_stays_inside_the_budget(smol_bundle):
     out = json.loads(proc.stdout.strip().splitlines()[-1])
     assert out["peak"] <= 90_000_000
     assert out["passes"] > 0
+
+
+class _CountingDrafter:
+    """An engine drafter stand-in that proposes a fixed chain and counts its calls."""
+
+    name = "self"
+
+    def __init__(self):
+        self.calls = 0
+
+    def propose(self, history, max_nodes, max_depth):
+        self.calls += 1
+        tree = DraftTree.root(history[-1])
+        tree.add_chain(0, [1, 2, 3], max_nodes)
+        return tree
+
+
+def test_auto_benches_a_fallback_whose_drafts_are_rejected():
+    from edgeflash.runtime.speculative.drafters import CombinedDrafter, LookupDrafter
+
+    fallback = _CountingDrafter()
+    auto = CombinedDrafter(LookupDrafter(), fallback)
+    history = list(range(100, 140))  # no repeated n-gram: lookup has nothing to offer
+    for _ in range(CombinedDrafter.TRIAL_PASSES):
+        assert auto.propose(history, 8, 4).size > 1 and auto.last == "self"
+        auto.feedback("self", 0)
+    for _ in range(CombinedDrafter.RETRY_EVERY - 1):  # benched: plain steps, no drafting cost
+        assert auto.propose(history, 8, 4).size == 1
+    assert fallback.calls == CombinedDrafter.TRIAL_PASSES
+    assert auto.propose(history, 8, 4).size > 1  # tried again later: the text may have changed
+    for _ in range(8):  # drafts that are accepted keep it in use
+        auto.feedback("self", 3)
+        assert auto.propose(history, 8, 4).size > 1
