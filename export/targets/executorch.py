@@ -66,6 +66,31 @@ def xnnpack_form(w: TargetWeight) -> TargetWeight:
                         scales=scales)
 
 
+def reference_ops(prepared: PreparedModel):
+    """The reference runtime's ops with the activation rounding of XNNPACK's qd8 kernels: every
+    linear layer with int4/int8 weights sees its input quantized to int8 per row and back."""
+    from edgeflash.runtime.reference.ops import NumpyOps
+
+    quantized = {name for name, w in prepared.weights.items() if w.kind in ("int4", "int8")}
+
+    class Int8ActivationOps(NumpyOps):
+        def linear(self, x: np.ndarray, w, bias=None) -> np.ndarray:
+            return super().linear(int8_per_token(x) if w.name in quantized else x, w, bias)
+
+    return Int8ActivationOps()
+
+
+def int8_per_token(x: np.ndarray) -> np.ndarray:
+    """x [T, d] quantized to int8 per row and back, as torchao's INT8_ASYM_PER_TOKEN: the row's
+    range (widened to include 0) in 255 steps, with an integer zero point."""
+    lo = np.minimum(x.min(axis=-1, keepdims=True), 0.0)
+    hi = np.maximum(x.max(axis=-1, keepdims=True), 0.0)
+    scale = np.maximum((hi - lo) / np.float32(255.0), np.finfo(np.float32).eps).astype(np.float32)
+    zero = np.clip(-128 - np.round(lo / scale), -128, 127)
+    q = np.clip(np.round(x * (np.float32(1.0) / scale)) + zero, -128, 127)
+    return ((q - zero) * scale).astype(np.float32)
+
+
 def _quantized_tensor(w: TargetWeight, dynamic_activations: bool):
     from torchao.quantization.quantize_.workflows.intx.intx_unpacked_to_int8_tensor import (
         IntxUnpackedToInt8Tensor,

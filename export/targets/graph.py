@@ -257,12 +257,12 @@ class ChunkGraph(nn.Module):
         for window in sorted(set(self.windows)):
             visible = cache_delta >= 0
             if window:
-                visible = visible & (cache_delta < window)
+                visible = torch.logical_and(visible, cache_delta < window)  # Core ML converts no `&`
             if self.kv == "io":
                 visible_new = new_delta >= 0
                 if window:
-                    visible_new = visible_new & (new_delta < window)
-                visible = torch.cat([visible & earlier, visible_new], dim=1)
+                    visible_new = torch.logical_and(visible_new, new_delta < window)
+                visible = torch.cat([torch.logical_and(visible, earlier), visible_new], dim=1)
             additive = torch.where(visible, torch.zeros((), dtype=torch.float32),
                                    torch.full((), float("-inf"), dtype=torch.float32))
             out[window] = additive.repeat(self.spec.gqa_group, 1)  # rows (g, t), as the scores

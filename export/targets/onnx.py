@@ -3,7 +3,8 @@ with onnxruntime.
 
 Quantized weights stay packed: linear layers become `com.microsoft::MatMulNBits` (4 or 8 bits,
 one scale per 32 values, the default zero point of 8 or 128 = symmetric codes), quantized
-embeddings `com.microsoft::GatherBlockQuantized` (only the looked-up rows are dequantized). In the
+embeddings `com.microsoft::GatherBlockQuantized` (only the looked-up rows are dequantized) reading
+the codes in MatMulNBits' layout, so a tied embedding and head share one initializer. In the
 torch graph both are custom ops whose eager forms dequantize; a translation table maps them to
 the contrib ops. The graph's own ops use the standard domain at OPSET.
 
@@ -70,7 +71,7 @@ def _(x, packed, scales, rows, cols, bits):
 @torch.library.custom_op("edgeflash_onnx::embedding_nbits", mutates_args=())
 def embedding_nbits(tokens: torch.Tensor, packed: torch.Tensor, scales: torch.Tensor, rows: int, cols: int,
                     bits: int) -> torch.Tensor:
-    return _dequantize(packed, scales, rows, cols, bits)[tokens]
+    return _dequantize(packed, scales.float(), rows, cols, bits)[tokens]
 
 
 @embedding_nbits.register_fake
@@ -79,11 +80,11 @@ def _(tokens, packed, scales, rows, cols, bits):
 
 
 class NBitsLinear(nn.Module):
-    def __init__(self, w: TargetWeight, bias: TargetWeight | None):
+    def __init__(self, w: TargetWeight, bias: TargetWeight | None, packed: torch.Tensor):
         super().__init__()
         rows, cols = w.shape
         self.rows, self.cols, self.bits = rows, cols, w.bits
-        self.register_buffer("packed", torch.from_numpy(pack(w).reshape(rows, cols // GROUP, -1)))  # [N, blocks, blob]
+        self.register_buffer("packed", packed)  # uint8 [N, blocks, blob]
         self.register_buffer("scales", torch.from_numpy(w.scales.reshape(-1).copy()))  # [N * blocks]
         self.bias = None if bias is None else nn.Parameter(torch.from_numpy(bias.values().copy()), requires_grad=False)
 
@@ -93,12 +94,13 @@ class NBitsLinear(nn.Module):
 
 
 class NBitsEmbedding(nn.Module):
-    def __init__(self, w: TargetWeight):
+    def __init__(self, w: TargetWeight, packed: torch.Tensor):
         super().__init__()
         rows, cols = w.shape
         self.rows, self.cols, self.bits = rows, cols, w.bits
-        self.register_buffer("packed", torch.from_numpy(pack(w)))  # [rows, cols * bits / 8]
-        self.register_buffer("scales", torch.from_numpy(w.scales.copy()))  # [rows, blocks]
+        self.register_buffer("packed", packed)  # uint8 [rows, blocks, blob], the head's own layout
+        # float16 holds q4_0 / q8_0 scales exactly; GatherBlockQuantized wants them at data's rank
+        self.register_buffer("scales", torch.from_numpy(w.scales.astype(np.float16)[:, :, None].copy()))  # [rows, blocks, 1]
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
         return torch.ops.edgeflash_onnx.embedding_nbits(tokens, self.packed, self.scales, self.rows, self.cols,
@@ -106,11 +108,23 @@ class NBitsEmbedding(nn.Module):
 
 
 class NBitsOps(DenseOps):
+    """Packed codes in MatMulNBits' layout [N, blocks, blob] for both ops: a tied embedding's lookup
+    (GatherBlockQuantized over the blocks axis) and the head then share one initializer."""
+
+    def __init__(self):
+        self.packed: dict[str, torch.Tensor] = {}
+
+    def _packed(self, w: TargetWeight) -> torch.Tensor:
+        if w.name not in self.packed:
+            rows, cols = w.shape
+            self.packed[w.name] = torch.from_numpy(pack(w).reshape(rows, cols // GROUP, -1))
+        return self.packed[w.name]
+
     def linear(self, w: TargetWeight, bias: TargetWeight | None) -> nn.Module:
-        return super().linear(w, bias) if w.kind == "dense" else NBitsLinear(w, bias)
+        return super().linear(w, bias) if w.kind == "dense" else NBitsLinear(w, bias, self._packed(w))
 
     def embedding(self, w: TargetWeight) -> nn.Module:
-        return super().embedding(w) if w.kind == "dense" else NBitsEmbedding(w)
+        return super().embedding(w) if w.kind == "dense" else NBitsEmbedding(w, self._packed(w))
 
 
 def _translation_table() -> dict:
@@ -131,16 +145,19 @@ def _translation_table() -> dict:
     schema("MatMulNBits", [("A", "T1"), ("B", "T2"), ("scales", "T1")],
            [("T1", ["tensor(float)"]), ("T2", ["tensor(uint8)"])], ["K", "N", "bits", "block_size"])
     schema("GatherBlockQuantized", [("data", "T2"), ("indices", "Tind"), ("scales", "T1")],
-           [("T1", ["tensor(float)"]), ("T2", ["tensor(uint8)"]), ("Tind", ["tensor(int64)"])],
+           [("T1", ["tensor(float)", "tensor(float16)"]), ("T2", ["tensor(uint8)"]), ("Tind", ["tensor(int64)"])],
            ["gather_axis", "quantize_axis", "block_size", "bits"])
     msft = onnxscript.values.Opset("com.microsoft", 1)
+    op = onnxscript.opset21
 
     def linear(x, packed, scales, rows: int, cols: int, bits: int):
         return msft.MatMulNBits(x, packed, scales, K=cols, N=rows, bits=bits, block_size=GROUP)
 
     def embedding(tokens, packed, scales, rows: int, cols: int, bits: int):
-        return msft.GatherBlockQuantized(packed, tokens, scales, gather_axis=0, quantize_axis=1,
-                                         block_size=GROUP, bits=bits)
+        rows_f16 = msft.GatherBlockQuantized(packed, tokens, scales, gather_axis=0, quantize_axis=2,
+                                             block_size=GROUP, bits=bits)  # [T, blocks, 32] float16
+        shape = op.Concat(op.Shape(tokens), op.Constant(value_ints=[cols]), axis=0)
+        return op.Cast(op.Reshape(rows_f16, shape), to=1)  # [T, cols] float32
 
     return {torch.ops.edgeflash_onnx.linear_nbits.default: linear,
             torch.ops.edgeflash_onnx.embedding_nbits.default: embedding}

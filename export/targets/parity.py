@@ -1,8 +1,10 @@
 """Parity of an export against the reference runtime on the same weights.
 
 The reference runs `PreparedModel.reference_source()`: the float32 values the target computes
-with, so every difference measured here comes from the target's arithmetic (activation
-quantization on XNNPACK, accumulation order), not from the weights.
+with, so every difference measured here comes from the target's arithmetic, not from the
+weights. A target whose kernels round more than the weights (XNNPACK quantizes the input of each
+4/8-bit linear layer to int8 per token) gives the reference the same rounding through
+`reference_ops`; without it the comparison measures what that rounding costs.
 
 Per prompt: teacher-forced logits after every prompt token (the decode method, one token at a
 time), the prefill method's logits after the whole prompt, and the greedy continuation of
@@ -48,10 +50,10 @@ def reference_greedy(engine, prompt: list[int], new_tokens: int) -> tuple[np.nda
 
 
 def compare(runner, reference: ModelSource, prompts: list[list[int]], new_tokens: int = 32,
-            reference_cache: dict | None = None) -> list[PromptParity]:
+            reference_cache: dict | None = None, ops=None) -> list[PromptParity]:
     """Parity of `runner` (a TargetRunner) against the reference runtime on `reference`.
     `reference_cache` (a dict kept by the caller) saves the reference's results across exports
-    of the same weights."""
+    of the same weights; `ops` are the reference's ops (None = plain float32)."""
     from edgeflash.runtime.reference import ReferenceEngine
 
     engine = None
@@ -61,7 +63,7 @@ def compare(runner, reference: ModelSource, prompts: list[list[int]], new_tokens
         if reference_cache is not None and key in reference_cache:
             want_logits, want_tokens = reference_cache[key]
         else:
-            engine = engine or ReferenceEngine(reference)
+            engine = engine or ReferenceEngine(reference, ops=ops)
             want_logits, want_tokens = reference_greedy(engine, prompt, new_tokens)
             if reference_cache is not None:
                 reference_cache[key] = (want_logits, want_tokens)
@@ -94,10 +96,11 @@ def summarize(results: list[PromptParity]) -> dict[str, object]:
     }
 
 
-def reference_model(source, target: str, quant="q4_0"):
-    """The reference runtime's model for an export of `source` to `target` with `quant` (no
-    calibration): the same quantize stage and target form as `export_target`, so its weights are
-    the numbers the export computes with."""
+def reference_model(source, target: str, quant="q4_0", *, target_arithmetic: bool = True):
+    """(model, ops) of the reference runtime for an export of `source` to `target` with `quant`
+    (no calibration): the same quantize stage and target form as `export_target`, so its weights
+    are the numbers the export computes with; with `target_arithmetic`, `ops` also round the
+    activations as the target's kernels do (None when they do not)."""
     from edgeflash.export.pipeline import resolve_config
     from edgeflash.export.sources import load_source
     from edgeflash.export.targets import target_module
@@ -107,4 +110,5 @@ def reference_model(source, target: str, quant="q4_0"):
     model = load_source(source)
     prepared = prepare(model, resolve_config(quant, None), module.FORMATS, target,
                        adapt=getattr(module, "adapt", None))
-    return prepared.reference_source()
+    ops = module.reference_ops(prepared) if target_arithmetic and hasattr(module, "reference_ops") else None
+    return prepared.reference_source(), ops

@@ -3,8 +3,8 @@ the test modules; the reference model on the same weights and its results, also 
 
 Exports are kept small so the folder runs in minutes: a 64-token cache, 16-token prefill, and
 round-to-nearest q4_0 (no calibration pass). ExecuTorch's lowering to XNNPACK costs several
-seconds per layer and method, so its tests export the models' first layers (the real weights,
-embedding and head; Gemma 3's first six layers hold both its local and its global attention);
+seconds per layer and method, so its tests (and the Core ML ones) export the models' first two
+layers with their real weights, embedding and head; the ONNX tests export the whole models, and
 benchmarks/backends/ runs the whole models on every target (docs/backends.md).
 """
 
@@ -59,14 +59,14 @@ def target_export(tmp_path_factory, model_source):
 @pytest.fixture(scope="session")
 def target_reference(model_source):
     """reference(alias, target, layers=None) -> (reference ModelSource on the target's weights,
-    a results cache for parity.compare)."""
+    its ops (the target's activation rounding, or None), a results cache for parity.compare)."""
     from edgeflash.export.targets.parity import reference_model
 
     made: dict[tuple, tuple] = {}
 
     def reference(alias: str, target: str, layers: int | None = None):
         if (alias, target, layers) not in made:
-            made[(alias, target, layers)] = (reference_model(model_source(alias, layers), target, QUANT), {})
+            made[(alias, target, layers)] = (*reference_model(model_source(alias, layers), target, QUANT), {})
         return made[(alias, target, layers)]
 
     return reference

@@ -85,7 +85,7 @@ def test_write_error_leaves_nothing(tmp_path):
         from edgeflash.errors import UserError
         from edgeflash.export.sources import load_source
         try:
-            ef.export(first_layers(load_source("smollm2-135m"), 2), {str(out)!r}, quant="q4_0-rtn", target="onnx",
+            ef.export(first_layers(load_source("smollm2-135m"), 1), {str(out)!r}, quant="q4_0-rtn", target="onnx",
                       cache_len=32, prefill_tokens=8, calibration_tokens=0, progress=False)
         except UserError as e:
             print(e, file=sys.stderr)
