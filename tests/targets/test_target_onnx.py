@@ -42,7 +42,7 @@ def test_onnx_matches_reference(target_export, target_reference, model_source, a
             expected += int4_bytes(embedding, 2)
         if chunk["head"]:
             expected += embedding // 32 * 4 if tied and chunk["embedding"] else int4_bytes(embedding, 4)
-        assert expected < chunk["bytes"] < 1.03 * expected, (chunk["bytes"], expected)
+        assert expected < chunk["bytes"] < 1.05 * expected, (chunk["bytes"], expected)
     assert spec["n_layers"] == m["chunks"][-1]["layers"][1]
 
     reference, ops, cache = target_reference(alias, "onnx")
