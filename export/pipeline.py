@@ -93,11 +93,9 @@ def export(source: Any, out_dir: str | Path, quant: str | QuantConfig = "q4_0", 
     """Export `source` (GGUF path, HF directory, bundle, alias like "default", a ModelSource, or a
     torch nn.Module with `config=` and `tokenizer=`) to a bundle directory `out_dir`, or with
     target="executorch" | "onnx" | "coreml" to that platform's format (`export_target`)."""
+    check_target(target)
     if target in PLATFORM_TARGETS:
         return _export_platform(source, out_dir, quant, target, config, tokenizer, options)
-    if target not in TARGETS:
-        raise UserError(f"target {target!r} is not available in this build "
-                        f"(available: {', '.join(TARGETS + PLATFORM_TARGETS)})")
     unknown = set(options) - {f for f in ExportOptions.__dataclass_fields__}
     if unknown:
         raise TypeError(f"export() got unknown options: {', '.join(sorted(unknown))}")
@@ -108,6 +106,12 @@ def export(source: Any, out_dir: str | Path, quant: str | QuantConfig = "q4_0", 
     check_output(out, opts.overwrite)
     with export_threads():
         return _run(source, out, qconfig, opts, config, tokenizer)
+
+
+def check_target(target: str) -> None:
+    if target not in TARGETS + PLATFORM_TARGETS:
+        raise UserError(f"target {target!r} is not available in this build "
+                        f"(available: {', '.join(TARGETS + PLATFORM_TARGETS)})")
 
 
 def _export_platform(source: Any, out_dir: str | Path, quant: str | QuantConfig, target: str, config: Any,

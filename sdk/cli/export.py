@@ -106,6 +106,9 @@ def run(args: argparse.Namespace) -> int:
     from edgeflash.export import export
     from edgeflash.runtime.bundle.describe import render, summary
 
+    from edgeflash.export.pipeline import check_target
+
+    check_target(args.target)  # before any option check: an unknown target is the first thing to say
     quant = _quant(args)
     if args.target != "bundle":
         return _run_platform(args, quant)
