@@ -22,7 +22,6 @@ from pathlib import Path
 
 import numpy as np
 import torch
-
 from edgeflash.export.targets.chunks import Chunk, chunk_io
 from edgeflash.export.targets.executorch import TorchaoOps, _quantized_tensor
 from edgeflash.export.targets.graph import ChunkGraph, DenseLinear, example_inputs

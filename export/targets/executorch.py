@@ -18,12 +18,11 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from torch import nn
-
 from edgeflash.export.targets.chunks import Chunk, chunk_io
 from edgeflash.export.targets.graph import ChunkGraph, DenseOps, example_inputs
 from edgeflash.export.targets.prepare import PreparedModel
 from edgeflash.export.targets.weights import GROUP, TargetWeight
+from torch import nn
 
 FORMATS = ("f32", "f16", "bf16", "q8_0", "q4_0")
 KV_MODES = ("state", "io")

@@ -27,12 +27,11 @@ from typing import Protocol
 
 import numpy as np
 import torch
-from torch import nn
-from torch.nn import functional as F
-
 from edgeflash.export.targets.weights import TargetWeight
 from edgeflash.runtime.rope import inv_frequencies
 from edgeflash.runtime.spec import ModelSpec
+from torch import nn
+from torch.nn import functional as F
 
 
 class WeightOps(Protocol):

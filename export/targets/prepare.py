@@ -7,7 +7,6 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
-
 from edgeflash.export.progress import note
 from edgeflash.export.quant.config import QuantConfig
 from edgeflash.export.quant.roles import role_of

@@ -6,7 +6,6 @@ import platform
 from pathlib import Path
 
 import numpy as np
-
 from edgeflash.errors import UserError
 
 
@@ -14,9 +13,9 @@ class ExecuTorchSession:
     """A `.pte` through `executorch.runtime`; methods load on first use."""
 
     def __init__(self, path: Path, threads: int):
-        import torch
         # Registers the portable kernels of the quantized embedding ops (embedding_4bit/_byte).
         import executorch.kernels.quantized  # noqa: F401
+        import torch
         from executorch.extension.pybindings import portable_lib
         from executorch.runtime import Runtime
 

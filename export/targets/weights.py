@@ -19,7 +19,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
-
 from edgeflash.errors import UserError
 from edgeflash.runtime.tensors import Tensor
 

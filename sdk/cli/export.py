@@ -104,9 +104,8 @@ PLATFORM_ONLY = ("chunks", "cache_len", "prefill_tokens", "kv")
 
 def run(args: argparse.Namespace) -> int:
     from edgeflash.export import export
-    from edgeflash.runtime.bundle.describe import render, summary
-
     from edgeflash.export.pipeline import check_target
+    from edgeflash.runtime.bundle.describe import render, summary
 
     check_target(args.target)  # before any option check: an unknown target is the first thing to say
     quant = _quant(args)

@@ -21,9 +21,8 @@ QUANT = "q4_0-rtn"
 def model_source():
     """source(alias, layers=None) -> ModelSource of the real model, or of its first `layers`
     layers (with its own embedding, final norm and head), loaded once."""
-    from target_checks import first_layers
-
     from edgeflash.export.sources import load_source
+    from target_checks import first_layers
 
     made: dict[tuple, object] = {}
 

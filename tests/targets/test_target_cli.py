@@ -11,7 +11,6 @@ import textwrap
 import pytest
 
 
-
 def run(args: list[str], capsys) -> tuple[int, str]:
     """`edgeflash export ARGS` in this process: (exit status, stderr)."""
     from edgeflash.cli.main import main

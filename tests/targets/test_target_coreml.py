@@ -18,7 +18,6 @@ COREML_MAX_ABS_ERROR = 1.0
 @pytest.mark.parametrize("alias,layers,chunks", CASES)
 def test_coreml_package_validates(target_export, model_source, alias, layers, chunks):
     import coremltools as ct
-
     from edgeflash.export.targets.coreml import describe_package
 
     result = target_export(alias, "coreml", chunks, layers)
@@ -41,7 +40,7 @@ def test_coreml_package_validates(target_export, model_source, alias, layers, ch
             assert f["outputs"] == [o["name"] for o in chunk["outputs"]]
             assert len(f["states"]) == 2 * n  # k and v of each layer
             described = next(d for d in spec.description.functions if d.name == method)
-            assert list(described.input[0].type.multiArrayType.shape)[0] == tokens  # static token axis
+            assert described.input[0].type.multiArrayType.shape[0] == tokens  # static token axis
             ops = info["ops"][method]
             # every matrix is stored compressed and expanded by Core ML at load time
             assert ops.get("constexpr_blockwise_shift_scale") == len(matrices), ops

@@ -26,7 +26,7 @@ def test_executorch_matches_reference(target_export, target_reference, model_sou
     m = result.manifest
     assert [c["file"] for c in m["chunks"]] == [f"chunk{i}.pte" for i in range(chunks)]
     n_layers = m["model"]["spec"]["n_layers"]
-    assert [c["layers"] for c in m["chunks"]][0][0] == 0 and m["chunks"][-1]["layers"][1] == n_layers
+    assert m["chunks"][0]["layers"][0] == 0 and m["chunks"][-1]["layers"][1] == n_layers
     assert m["cache"]["mode"] == kv
     for chunk in m["chunks"]:
         assert (result.path / chunk["file"]).stat().st_size == chunk["bytes"]
