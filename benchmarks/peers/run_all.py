@@ -29,6 +29,9 @@ HERE = Path(__file__).resolve().parent
 PEERS = {
     "edgeflash": ("run_edgeflash.py", []),  # the GGUF itself, q8x2 activations
     "edgeflash-q8": ("run_edgeflash.py", ["--activations", "q8"]),  # ggml-style activations
+    # a 4-bit bundle from `edgeflash export --quant q4_0` (4-bit head too, as ExecuTorch's 8da4w)
+    "edgeflash-q4-bundle": ("run_edgeflash.py", ["--activations", "q8", "--source",
+                                                 "bundle:" + str(BENCH_OUT / "bundles" / "{model}-q4_0")]),
     "llamacpp": ("run_llamacpp.py", []),
     "executorch": ("run_executorch.py", []),
     "transformers": ("run_transformers.py", []),
@@ -51,7 +54,7 @@ def run_one(peer: str, model: str, args: argparse.Namespace, round_no: int = 0) 
     out = result_path(peer, model, args, round_no)
     runner, extra = PEERS[peer]
     cmd = [sys.executable, str(HERE / runner), "--model", model, "--threads", str(args.threads),
-           "--out", str(out), *extra]
+           "--out", str(out), *(flag.format(model=model) for flag in extra)]
     if args.perplexity:
         cmd.append("--perplexity")
     else:
