@@ -119,3 +119,23 @@ def test_file_modified_while_loaded(tmp_path, smollm_path):
         os.fsync(f.fileno())
     with pytest.raises(ModelFormatError, match="modified while loaded"):
         m.generate("Hello again", max_tokens=2)
+
+
+def test_read_error_while_loaded(tmp_path, smollm_path):
+    """A real read error from the kernel: the streaming reader's descriptor is swapped for a
+    write-only one on the same file (same size and time, so only the read itself fails)."""
+    copy = tmp_path / "model.gguf"
+    shutil.copy(smollm_path, copy)
+    m = ef.load(str(copy), memory_budget="80MB", context_length=256)
+    m.generate("Hello", max_tokens=2)
+    fds = [int(fd) for fd in os.listdir("/proc/self/fd")
+           if os.path.realpath(f"/proc/self/fd/{fd}") == str(copy.resolve())]
+    assert fds, "the budgeted run keeps its weights file open"
+    write_only = os.open(copy, os.O_WRONLY)
+    try:
+        for fd in fds:
+            os.dup2(write_only, fd)
+        with pytest.raises(ModelFormatError, match="read error at byte"):
+            m.generate("Hello again", max_tokens=2)
+    finally:
+        os.close(write_only)
