@@ -34,7 +34,7 @@ demo: install
 	$(BIN)/edgeflash generate -m default -p "$(PROMPT)" -n 64
 
 test: install system-deps
-	$(BIN)/pytest -q
+	$(BIN)/pytest -q --durations=20
 
 # Benchmarks only (never `make test`): plots and the MT-Bench prompts.
 bench-deps: install
