@@ -10,8 +10,8 @@ so  python overhead = generate - forward,  other ops (attention, norms, RoPE, ac
 quantization, thread hand-offs) = forward - gemv. The roofline is the weight bytes a token reads
 divided by the measured read bandwidth: the fastest a token can be with every weight read once.
 
-  python benchmarks/engine/profile.py                     # both models, 2 threads
-  python benchmarks/engine/profile.py --models smollm2-135m --rounds 5
+  python benchmarks/engine/decode_profile.py                     # both models, 2 threads
+  python benchmarks/engine/decode_profile.py --models smollm2-135m --rounds 5
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ import argparse
 import os
 import statistics
 import time
+from collections.abc import Callable
 
 import numpy as np
 
@@ -27,7 +28,7 @@ PROMPT_TOKENS = 256
 DECODE_TOKENS = 64
 
 
-def gemv_pass(engine) -> tuple[callable, int]:
+def gemv_pass(engine) -> tuple[Callable[[], None], int]:
     """A closure that runs every weight matrix of the model once, and the bytes it reads."""
     from edgeflash.kernels import _native
     from edgeflash.runtime.native_engine import _MATRICES
