@@ -225,12 +225,12 @@ def _compact_calibration(raw: dict[str, Any]) -> None:
         if not isinstance(part, dict):
             continue
         for key, code in typecodes.items():
-            values = part.get(key)
-            part[key] = _packed(values, code)
+            if key in part:
+                part[key] = _packed(part[key], code)
     for block in raw.get("blocks") or []:
         arena = block.get("arena") if isinstance(block, dict) else None
-        if isinstance(arena, dict):
-            arena["order"] = _packed(arena.get("order"), "i")
+        if isinstance(arena, dict) and "order" in arena:
+            arena["order"] = _packed(arena["order"], "i")
 
 
 def _packed(values: Any, code: str) -> Any:
