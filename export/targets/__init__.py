@@ -139,9 +139,13 @@ def export_target(source: Any, out: str | Path, target: str, quant: Any = "q4_0"
 
         writing = "manifest.json"
         write_manifest(tmp, manifest)
+        # The old export (overwrite=True) moves aside first and goes only once the new one is in
+        # place: a kill in between leaves one complete export, never none.
+        old = out.parent / f"{out.name}.old-{os.getpid()}"
         if out.exists():
-            shutil.rmtree(out)
+            os.replace(out, old)
         os.replace(tmp, out)
+        shutil.rmtree(old, ignore_errors=True)
     except OSError as e:
         shutil.rmtree(tmp, ignore_errors=True)
         raise UserError(f"{out}: writing {writing} failed ({e.strerror or e}); nothing was left behind") from None
