@@ -100,18 +100,19 @@ def _pid_alive(pid: int) -> bool:
     return True
 
 
-def check_output(out: Path, overwrite: bool) -> None:
-    """Fail early (before any work) if OUT cannot be (re)placed."""
+def check_output(out: Path, overwrite: bool, what: str = "bundle") -> None:
+    """Fail early (before any work) if OUT cannot be (re)placed. `what`: the kind of output
+    (a bundle, or a target export), which also has its manifest at MANIFEST_FILE."""
     if out.exists():
         if not out.is_dir():
             raise OutputError(f"{out}: exists and is not a directory; choose another output path")
         if any(out.iterdir()):
             if not (out / MANIFEST_FILE).exists():
-                raise OutputError(f"{out}: exists, is not empty and is not an edgeflash bundle; refusing to "
+                raise OutputError(f"{out}: exists, is not empty and is not an edgeflash {what}; refusing to "
                                   "replace it")
             if not overwrite:
-                raise OutputError(f"{out}: a bundle already exists there; pass --force (overwrite=True) to "
-                                  "replace it")
+                raise OutputError(f"{out}: {'a' if what == 'bundle' else 'an'} {what} already exists there; "
+                                  "pass --force (overwrite=True) to replace it")
     parent = out.parent
     existing = parent
     while not existing.exists():
@@ -157,7 +158,7 @@ def write_bundle(out: Path, blocks: list[BlockPlan], manifest: dict[str, Any], t
         _write_file(tmp / MANIFEST_FILE, json.dumps(full, indent=1).encode("utf-8"))
         (tmp / TEMP_MARKER).unlink()
         _fsync_dir(tmp)
-        _move_into_place(tmp, out)
+        move_into_place(tmp, out)
         return full
     except OSError as e:
         shutil.rmtree(tmp, ignore_errors=True)
@@ -240,7 +241,9 @@ def _fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
-def _move_into_place(tmp: Path, out: Path) -> None:
+def move_into_place(tmp: Path, out: Path) -> None:
+    """Replace `out` by the finished directory `tmp`. An old `out` moves aside first and goes only
+    once the new one is in place: a kill in between leaves one complete output, never none."""
     old = None
     if out.exists() and any(out.iterdir()):
         old = out.parent / f"{out.name}.old-{os.getpid()}"

@@ -73,6 +73,7 @@ def export_target(source: Any, out: str | Path, target: str, quant: Any = "q4_0"
     from edgeflash.export.progress import note
     from edgeflash.export.sources import load_source
     from edgeflash.export.targets.chunks import TOKENIZER_FILE, plan_chunks
+    from edgeflash.export.writer import check_output, move_into_place
 
     module = target_module(target)
     kv = kv or module.DEFAULT_KV
@@ -83,7 +84,7 @@ def export_target(source: Any, out: str | Path, target: str, quant: Any = "q4_0"
         if isinstance(value, bool) or not isinstance(value, int) or value < low:
             raise UserError(f"{name} = {value!r}: expected an integer >= {low}")
     out = Path(out).expanduser()
-    _check_output(out, overwrite)
+    check_output(out, overwrite, what="export")
     qconfig = resolve_config(quant, group_size)
     timings: dict[str, float] = {}
     clock = time.perf_counter()
@@ -139,13 +140,7 @@ def export_target(source: Any, out: str | Path, target: str, quant: Any = "q4_0"
 
         writing = "manifest.json"
         write_manifest(tmp, manifest)
-        # The old export (overwrite=True) moves aside first and goes only once the new one is in
-        # place: a kill in between leaves one complete export, never none.
-        old = out.parent / f"{out.name}.old-{os.getpid()}"
-        if out.exists():
-            os.replace(out, old)
-        os.replace(tmp, out)
-        shutil.rmtree(old, ignore_errors=True)
+        move_into_place(tmp, out)
     except OSError as e:
         shutil.rmtree(tmp, ignore_errors=True)
         raise UserError(f"{out}: writing {writing} failed ({e.strerror or e}); nothing was left behind") from None
@@ -156,19 +151,6 @@ def export_target(source: Any, out: str | Path, target: str, quant: Any = "q4_0"
     note(f"wrote {out} ({manifest['total_bytes'] / 2**20:.1f} MiB in {len(plan)} chunk(s), "
          f"{timings['total']:.0f} s)", progress)
     return TargetResult(out, manifest, timings)
-
-
-def _check_output(out: Path, overwrite: bool) -> None:
-    from edgeflash.export.targets.chunks import MANIFEST_FILE
-
-    if out.exists():
-        if not out.is_dir():
-            raise UserError(f"{out}: exists and is not a directory; choose another output path")
-        if any(out.iterdir()):
-            if not (out / MANIFEST_FILE).exists():
-                raise UserError(f"{out}: exists, is not empty and is not an edgeflash export; refusing to replace it")
-            if not overwrite:
-                raise UserError(f"{out}: an export already exists there; pass --force (overwrite=True) to replace it")
 
 
 def _importance(model, tokens: int, progress: bool, threads: int):
