@@ -220,18 +220,24 @@ EF_INLINE __m512 fp16_lanes(__m512i v) { return _mm512_cvtph_ps(_mm512_cvtepi32_
 //   scales(P, nu, tab)    fills the scale table of the panel for all nu units
 //   codes(P, step, w)     w[j][g]: unsigned codes of unit step * kStepUnits + j
 
+// The 16 nibble bytes at `off` of every row of a unit (q4_0, q4_1): low nibbles are codes 0-15,
+// high nibbles codes 16-31, as unsigned bytes in the transposed register layout.
+EF_INLINE void nibble_codes(const Panel& P, size_t off, __m512i w[8]) {
+  __m512i o[4];
+  transpose16x4(P, off, o);
+  const __m512i m = splat8(0x0F);
+  for (int j = 0; j < 4; ++j) {
+    w[j] = _mm512_and_si512(o[j], m);
+    w[4 + j] = _mm512_and_si512(_mm512_srli_epi32(o[j], 4), m);
+  }
+}
+
 struct PQ4_0 {
   static constexpr int kBB = 18, kHeader = 0, kStepUnits = 1, kSV = 1, kShift = 3;
   static constexpr bool kFloatBias = false, kSplit = false;
   static void scales(const Panel& P, int64_t nu, float* tab) { block_fields<0, kBB, kSV, 0>(P, 0, nu, tab); }
   static EF_INLINE void codes(const Panel& P, int64_t u, __m512i w[][8]) {
-    __m512i o[4];
-    transpose16x4(P, static_cast<size_t>(u) * kBB + 2, o);
-    const __m512i m = splat8(0x0F);
-    for (int j = 0; j < 4; ++j) {
-      w[0][j] = _mm512_and_si512(o[j], m);
-      w[0][4 + j] = _mm512_and_si512(_mm512_srli_epi32(o[j], 4), m);
-    }
+    nibble_codes(P, static_cast<size_t>(u) * kBB + 2, w[0]);
   }
 };
 
@@ -243,13 +249,7 @@ struct PQ4_1 {
     block_fields<2, kBB, kSV, 1>(P, 0, nu, tab);
   }
   static EF_INLINE void codes(const Panel& P, int64_t u, __m512i w[][8]) {
-    __m512i o[4];
-    transpose16x4(P, static_cast<size_t>(u) * kBB + 4, o);
-    const __m512i m = splat8(0x0F);
-    for (int j = 0; j < 4; ++j) {
-      w[0][j] = _mm512_and_si512(o[j], m);
-      w[0][4 + j] = _mm512_and_si512(_mm512_srli_epi32(o[j], 4), m);
-    }
+    nibble_codes(P, static_cast<size_t>(u) * kBB + 4, w[0]);
   }
 };
 
