@@ -24,8 +24,10 @@ import textwrap
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(REPO / "benchmarks"))
+from bench_bundles import ensure_bundle
+
 OUT = REPO / "bench-out" / "memory"
-BUNDLES = REPO / "bench-out" / "bundles"
 MODELS = ("gemma3-270m", "smollm2-135m")
 PROMPT = "The history of the lighthouse keepers on this coast begins"
 
@@ -56,15 +58,6 @@ RUN = textwrap.dedent("""
                       "neuron_cache_hit_rate": s.get("neuron_cache_hit_rate"), "tokens": r.tokens,
                       "generated": s["generated_tokens"]}))
 """)
-
-
-def ensure_bundle(model: str) -> Path:
-    out = BUNDLES / f"{model}-q4_0"
-    if not (out / "manifest.json").exists():
-        print(f"exporting {model} to {out} (once)", file=sys.stderr)
-        subprocess.run([sys.executable, "-m", "edgeflash.cli.main", "export", model, "-o", str(out), "--quant", "q4_0",
-                        "--quiet"], check=True, cwd=REPO)
-    return out
 
 
 def exact_bytes(bundle: Path) -> tuple[int, int]:

@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from compare import MODELS, OUT, ensure_bundle  # noqa: E402
+from compare import MODELS, OUT, ensure_bundle
 
 SIZES = (2048, 4096, 8192, 16384, 32768)
 WINDOW = 128  # positions per forward pass: Gemma's logits are 1 MiB a position

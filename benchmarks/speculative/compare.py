@@ -21,8 +21,10 @@ import textwrap
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(REPO / "benchmarks"))
+from bench_bundles import ensure_bundle
+
 OUT = REPO / "bench-out" / "speculative"
-BUNDLES = REPO / "bench-out" / "bundles"
 MODELS = ("gemma3-270m", "smollm2-135m")
 DRAFTERS = ("lookup", "self", "auto")
 
@@ -74,14 +76,6 @@ RUN = textwrap.dedent("""
         out.append(row)
     print(json.dumps(out))
 """)
-
-
-def ensure_bundle(model: str) -> Path:
-    out = BUNDLES / f"{model}-q4_0"
-    if not (out / "manifest.json").exists():
-        subprocess.run([sys.executable, "-m", "edgeflash.cli.main", "export", model, "-o", str(out), "--quant", "q4_0",
-                        "--quiet"], check=True, cwd=REPO)
-    return out
 
 
 def main() -> None:
