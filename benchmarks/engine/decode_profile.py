@@ -28,8 +28,8 @@ PROMPT_TOKENS = 256
 DECODE_TOKENS = 64
 
 
-def gemv_pass(engine) -> tuple[Callable[[], None], int]:
-    """A closure that runs every weight matrix of the model once, and the bytes it reads."""
+def gemv_pass(engine) -> Callable[[], None]:
+    """A closure that runs every weight matrix of the model once."""
     from edgeflash.kernels import _native
     from edgeflash.runtime.native_engine import _MATRICES
 
@@ -44,7 +44,7 @@ def gemv_pass(engine) -> tuple[Callable[[], None], int]:
         for raw, fmt, rows, cols in mats:
             _native.matmul(raw, fmt, rows, cols, 0, xs[cols], 1, ys[rows], False)
 
-    return run, sum(raw.nbytes for raw, *_ in mats)
+    return run
 
 
 def profile(alias: str, threads: int, rounds: int, bandwidth: float) -> dict:
@@ -54,7 +54,7 @@ def profile(alias: str, threads: int, rounds: int, bandwidth: float) -> dict:
     model = ef.load(alias, threads=threads, context_length=1024)
     engine = model.engine
     ids = model.encode(heldout_windows(1, chars_per_window=6 * PROMPT_TOKENS, offset_chars=50_000)[0])[:PROMPT_TOKENS]
-    run_gemv, gemv_bytes = gemv_pass(engine)
+    run_gemv = gemv_pass(engine)
     samples = {"generate": [], "forward": [], "gemv": []}
     forward = engine.forward
     spent: list[float] = []
@@ -83,10 +83,8 @@ def profile(alias: str, threads: int, rounds: int, bandwidth: float) -> dict:
             times.append(time.perf_counter() - t0)
         samples["gemv"].append(statistics.median(times))
     t = {k: statistics.median(v) for k, v in samples.items()}
-    kv_bytes = engine.stats()["kv_cache_bytes"]
-    return {"model": alias, "weight_bytes": engine.weight_bytes, "gemv_bytes": gemv_bytes, **{f"{k}_ms": v * 1e3
-            for k, v in t.items()}, "roofline_ms": engine.weight_bytes / bandwidth * 1e3, "kv_cache_bytes": kv_bytes,
-            "loadavg": os.getloadavg()[0]}
+    return {"model": alias, "weight_bytes": engine.weight_bytes, **{f"{k}_ms": v * 1e3 for k, v in t.items()},
+            "roofline_ms": engine.weight_bytes / bandwidth * 1e3, "loadavg": os.getloadavg()[0]}
 
 
 def main() -> None:
