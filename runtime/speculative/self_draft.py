@@ -49,7 +49,8 @@ class SelfDraftEngine(NativeEngine):
                                weight_bytes=0, info={})
         self.extra_bytes = self._head_rows.nbytes
         super().__init__(view, threads=target.threads, context_length=target.context_length,
-                         max_batch=min(target.max_batch, SELF_DRAFT_MAX_BATCH), activations=target.activations)
+                         max_batch=min(target.max_batch, SELF_DRAFT_MAX_BATCH), activations=target.activations,
+                         kv_format=target.kv_format)
 
     def _load_weights(self) -> None:
         t = dict(self.source.tensors)

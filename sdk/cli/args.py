@@ -71,6 +71,9 @@ def add_model_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--activations", choices=["q8x2", "q8", "f32"], default="q8x2",
                    help="activation precision against quantized weights: q8x2 agrees with the reference, "
                         "q8 is fastest (default: %(default)s)")
+    p.add_argument("--kv-cache", choices=["f16", "q8_0"], default="f16", dest="kv_cache",
+                   help="KV cache precision: q8_0 halves its memory (room for weights or a longer context "
+                        "under --memory-budget) at a small quality cost (default: %(default)s)")
 
 
 def add_sampling_options(p: argparse.ArgumentParser) -> None:
@@ -94,5 +97,5 @@ def sampling_kwargs(args: argparse.Namespace) -> dict:
 def load_kwargs(args: argparse.Namespace) -> dict:
     return {"memory_budget": args.memory_budget, "threads": args.threads, "engine": args.engine,
             "context_length": args.context_length, "strategy": args.strategy, "activations": args.activations,
-            "sparsity": args.sparsity, "window": args.window, "head_shortlist": args.head_shortlist,
+            "kv_cache": args.kv_cache, "sparsity": args.sparsity, "window": args.window, "head_shortlist": args.head_shortlist,
             "speculative": args.speculative}

@@ -39,6 +39,21 @@ def test_kv_estimate_matches_engine():
     for alias in ("smollm2-135m", "gemma3-270m"):
         m = ef.load(alias, context_length=1000)
         assert m.engine.stats()["kv_cache_bytes"] == kv_cache_bytes(m.spec, 1000)
+        q8 = ef.load(alias, context_length=1000, kv_cache="q8_0")
+        assert q8.engine.stats()["kv_cache_bytes"] == kv_cache_bytes(m.spec, 1000, kv_format="q8_0")
+        assert q8.engine.stats()["kv_cache_bytes"] < 0.6 * m.engine.stats()["kv_cache_bytes"]
+
+
+def test_q8_kv_cache_buys_room_under_a_budget():
+    """The same budget and context: a q8_0 cache leaves more of the budget to resident weights,
+    and the text stays close to the f16 cache's (greedy, first tokens the same)."""
+    runs = {kv: ef.load("smollm2-135m", memory_budget="60MB", context_length=1024, kv_cache=kv)
+            for kv in ("f16", "q8_0")}
+    assert runs["q8_0"].engine.plan.resident_bytes > runs["f16"].engine.plan.resident_bytes
+    tokens = {kv: m.generate(PROMPT, max_tokens=8).tokens for kv, m in runs.items()}
+    assert tokens["q8_0"][:4] == tokens["f16"][:4]
+    with pytest.raises(UserError, match="kv_cache = 'q4'"):
+        ef.load("smollm2-135m", kv_cache="q4")
 
 
 def test_infeasible_budget_is_refused_with_the_minimum():
