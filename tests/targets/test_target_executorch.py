@@ -3,11 +3,14 @@ per layer and method, see conftest.py), run with executorch.runtime and compared
 reference runtime on the same quantized weights.
 
 XNNPACK's 4-bit linear kernels quantize each input row to int8 on the fly (8da4w); the reference
-is given the same rounding (`executorch.reference_ops`). The emulation is not bit-exact (XNNPACK
-picks its own int8 parameters), and a single rounding step apart on one of Gemma 3's outlier
-channels (activations up to ~1e5) moves its logits by whole units, so the bounds are per model:
-SmolLM2 within 2 and the same greedy continuation on most prompts; Gemma 3 within 6 and the same
-top-1 on most positions (its greedy continuations part after a few tokens; docs/backends.md).
+computes them as XNNPACK does (`executorch.reference_ops`: its int8 parameters and its per-group
+accumulation, bit-exact on a given input for nearly every output; RMSNorm summed in XNNPACK's
+order; GELU in the tanh form the export now spells out). What is left are XNNPACK's own
+approximations of exp (softmax) and rsqrt, a few ulps from numpy's; they matter only where one
+of them moves an activation across an int8 rounding boundary, which then moves the logits by
+one quantization step of that row. Measured (3 prompts, 16 teacher-forced positions + prefill,
+32 greedy tokens): SmolLM2 max logit error 1e-5, 3/3 same greedy continuations; Gemma 3 1.9
+(one such crossing in attention; its outlier channels, ~1e5, make a step large), 3/3 same greedy.
 """
 
 from __future__ import annotations
@@ -16,7 +19,7 @@ import pytest
 from target_checks import assert_parity, chunk_matrices, int4_bytes, parity
 
 # alias, layers, chunks, kv, logit bound, min top-1 agreement, same greedy continuation required
-CASES = [("smollm2-135m", 2, 1, "state", 2.0, 0.9, True), ("gemma3-270m", 2, 2, "io", 6.0, 0.7, False)]
+CASES = [("smollm2-135m", 2, 1, "state", 0.01, 1.0, True), ("gemma3-270m", 2, 2, "io", 3.0, 0.85, True)]
 
 
 @pytest.mark.parametrize("alias,layers,chunks,kv,bound,top1,greedy", CASES)
