@@ -79,7 +79,8 @@ RUN = textwrap.dedent("""
                 continue
             s = r.stats
             row[d] = {"tok_s": s["decode_tok_s"], "accepted": s.get("spec_mean_accepted"),
-                      "passes": s.get("spec_passes"), "flash_bytes_per_token": s.get("flash_bytes_per_token"),
+                      "passes": s.get("spec_passes"), "plain_steps": s.get("spec_plain_steps"),
+                      "flash_bytes_per_token": s.get("flash_bytes_per_token"),
                       "same": base is None or r.tokens == base, "n": len(r.tokens)}
             if base is None:
                 base = r.tokens
