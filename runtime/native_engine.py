@@ -177,8 +177,8 @@ class NativeEngine:
     def stats(self) -> dict[str, Any]:
         mem = self._engine.memory()
         out = {"engine": self.name, "threads": self.threads, "activations": self.activations,
-               "weight_bytes": self.weight_bytes,
-               "kv_cache_bytes": mem["kv_cache"], "activation_bytes": mem["activations"] + self._last_logits.nbytes}
+               "weight_bytes": self.weight_bytes, "kv_cache_bytes": mem["kv_cache"], "kv_cache_format": self.kv_format,
+               "activation_bytes": mem["activations"] + self._last_logits.nbytes}
         if self.conversions:
             out["converted_tensors"] = len(self.conversions)
         return out
