@@ -56,6 +56,18 @@ def test_q8_kv_cache_buys_room_under_a_budget():
         ef.load("smollm2-135m", kv_cache="q4")
 
 
+def test_streamed_units_are_split_across_the_io_threads():
+    from edgeflash.memory.planner import split_reads
+
+    threads, read = split_reads(4 << 20, 1_990_000, 8, cores=2)  # a 1.9 MB layer, 2 cores
+    assert threads == 2 and read * threads >= 1_990_000 and read % 4096 == 0
+    assert split_reads(1 << 20, 64 << 20, 8, cores=8) == (8, 1 << 20)  # big units: the device's best read
+    assert split_reads(1 << 20, 8192, 4, cores=4)[1] == 64 << 10  # never below 64 KiB
+    m = ef.load("smollm2-135m", memory_budget="60MB", context_length=256)
+    unit = m.engine.plan.staging_bytes // m.engine.plan.io.slots
+    assert m.engine.plan.io.chunk_bytes * m.engine.plan.io.threads >= unit
+
+
 def test_infeasible_budget_is_refused_with_the_minimum():
     with pytest.raises(BudgetError, match=r"at least [0-9.]+ MiB is needed"):
         ef.load("smollm2-135m", memory_budget="20MB")
