@@ -34,7 +34,7 @@ TARGETS = ("bundle",)
 # The platforms' own formats (edgeflash.export.targets); options they take besides `quant`.
 PLATFORM_TARGETS = ("executorch", "onnx", "coreml")
 PLATFORM_OPTIONS = ("chunks", "cache_len", "prefill_tokens", "kv", "group_size", "calibration_tokens", "overwrite",
-                    "progress", "threads")
+                    "progress", "threads", "et_activations")
 DEFAULT_SPARSITY = (0.3, 0.5, 0.7)
 
 

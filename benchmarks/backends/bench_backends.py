@@ -31,22 +31,25 @@ def run_one(alias: str, target: str, args) -> dict:
     from edgeflash.export.targets.parity import compare, prompts_from_heldout, reference_model, summarize
     from edgeflash.export.targets.runner import TargetRunner
 
-    out = OUT / f"{alias}-{target}-c{args.chunks}"
+    exact = target == "executorch" and args.et_activations == "f32"
+    out = OUT / f"{alias}-{target}{'-f32' if exact else ''}-c{args.chunks}"
+    options = {"et_activations": args.et_activations} if target == "executorch" and args.et_activations else {}
     if args.reuse and (out / MANIFEST_FILE).exists():
         manifest = read_manifest(out)  # measured when it was made
         timings = {**manifest["timings_s"], "total": round(sum(manifest["timings_s"].values()), 2)}
     else:
         result = export_target(alias, out, target, quant=args.quant, chunks=args.chunks, cache_len=args.cache_len,
                                prefill_tokens=args.prefill_tokens, calibration_tokens=0, overwrite=True,
-                               threads=args.threads)
+                               threads=args.threads, **options)
         manifest, timings = result.manifest, result.timings
-    row = {"model": alias, "target": target, "quant": args.quant, "chunks": args.chunks, "cache_len": args.cache_len,
+    row = {"model": alias, "target": f"{target} f32 activations" if exact else target, "quant": args.quant, "chunks": args.chunks, "cache_len": args.cache_len,
            "bytes": manifest["total_bytes"], "export_s": timings["total"]}
     if target == "coreml" and platform.system() != "Darwin":
         return row  # Core ML predicts on macOS only; the package is built and validated here
     runner = TargetRunner(out, threads=args.threads)
     prompts = prompts_from_heldout(runner.tokenizer, args.prompts, args.prompt_tokens)
-    reference, ops = reference_model(alias, target, args.quant)
+    # f32 activations compute what the plain float32 reference does
+    reference, ops = reference_model(alias, target, args.quant, target_arithmetic=not exact)
     summary = summarize(compare(runner, reference, prompts, args.new_tokens, ops=ops))
     row["parity"] = {k: v for k, v in summary.items() if k != "per_prompt"}
     if ops is not None:  # also against plain float32 arithmetic: what the target's rounding costs
@@ -106,6 +109,8 @@ def main() -> None:
     ap.add_argument("--new-tokens", type=int, default=32)
     ap.add_argument("--speed-tokens", type=int, default=128)
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--et-activations", choices=("int8", "f32"), default=None,
+                    help="executorch: the linear layers' activations (f32 = weight-only, exact; default int8)")
     ap.add_argument("--no-peer", action="store_true", help="skip the export_llm comparison")
     ap.add_argument("--reuse", action="store_true", help="measure existing exports instead of exporting again")
     ap.add_argument("--results", default="results.json", help="results file in bench-out/backends/")
@@ -124,7 +129,7 @@ def main() -> None:
             row = run_one(alias, target, args)
             row["wall_s"] = round(time.time() - t0, 1)
             print(json.dumps(row), flush=True)
-            rows = [r for r in rows if (r["model"], r["target"], r.get("chunks")) != (alias, target, args.chunks)]
+            rows = [r for r in rows if (r["model"], r["target"], r.get("chunks")) != (alias, row["target"], args.chunks)]
             rows.append(row)
             results_file.write_text(json.dumps(rows, indent=1))
     if not args.no_peer and "smollm2-135m" in args.models:

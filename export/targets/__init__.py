@@ -66,9 +66,11 @@ def export_target(source: Any, out: str | Path, target: str, quant: Any = "q4_0"
                   cache_len: int = DEFAULT_CACHE_LEN, prefill_tokens: int = DEFAULT_PREFILL_TOKENS,
                   kv: str | None = None, group_size: int | None = None, calibration_tokens: int = 512,
                   overwrite: bool = False, progress: bool = True, threads: int = 2, config: Any = None,
-                  tokenizer: Any = None) -> TargetResult:
+                  tokenizer: Any = None, et_activations: str | None = None) -> TargetResult:
     """Export `source` (path, alias, ModelSource, or nn.Module with `config` and `tokenizer`) to
-    `out` for `target`, split into `chunks`."""
+    `out` for `target`, split into `chunks`. `et_activations` (executorch only): "int8" (default,
+    XNNPACK's 8da4w / 8da8w kernels) or "f32" (weight-only: float32 activations against the same
+    codes, matching the reference runtime to float rounding; slower, int4 codes a byte each)."""
     from edgeflash.export.pipeline import resolve_config
     from edgeflash.export.progress import note
     from edgeflash.export.sources import load_source
@@ -79,6 +81,14 @@ def export_target(source: Any, out: str | Path, target: str, quant: Any = "q4_0"
     kv = kv or module.DEFAULT_KV
     if kv not in module.KV_MODES:
         raise UserError(f"target {target}: kv = {kv!r} is not available (choose {', '.join(module.KV_MODES)})")
+    options: dict[str, Any] = {}
+    if et_activations is not None:
+        if target != "executorch":
+            raise UserError(f"et_activations: only for target executorch, not {target}")
+        if et_activations not in module.ACTIVATIONS:
+            raise UserError(f"et_activations = {et_activations!r}: choose {', '.join(module.ACTIVATIONS)}")
+    if target == "executorch":
+        options["activations"] = et_activations or module.DEFAULT_ACTIVATIONS
     for name, value, low in (("cache_len", cache_len, 2), ("prefill_tokens", prefill_tokens, 1),
                              ("calibration_tokens", calibration_tokens, 0), ("threads", threads, 1)):
         if isinstance(value, bool) or not isinstance(value, int) or value < low:
@@ -130,12 +140,13 @@ def export_target(source: Any, out: str | Path, target: str, quant: Any = "q4_0"
             note(f"{target}: chunk {chunk.index + 1}/{len(plan)}, layers {chunk.layers.start}-{chunk.layers.stop - 1}",
                  progress)
             entry = module.write_chunk(prepared, chunk, tmp, kv=kv, cache_len=cache_len,
-                                       prefill_tokens=prefill_tokens)
+                                       prefill_tokens=prefill_tokens, **options)
             chunk_entries.append(entry)
             lap(f"chunk {chunk.index}")
         writing = TOKENIZER_FILE
         (tmp / TOKENIZER_FILE).write_text(model.tokenizer.to_json(), encoding="utf-8")
-        manifest = _manifest(prepared, target, kv, cache_len, prefill_tokens, chunk_entries, timings, module)
+        manifest = _manifest(prepared, target, kv, cache_len, prefill_tokens, chunk_entries, timings, module,
+                             options)
         from edgeflash.export.targets.chunks import write_manifest
 
         writing = "manifest.json"
@@ -172,7 +183,7 @@ def _importance(model, tokens: int, progress: bool, threads: int):
 
 
 def _manifest(prepared, target: str, kv: str, cache_len: int, prefill_tokens: int, chunks: list[dict],
-              timings: dict[str, float], module) -> dict[str, Any]:
+              timings: dict[str, float], module, options: dict[str, Any]) -> dict[str, Any]:
     from edgeflash import __version__
     from edgeflash.export.targets.chunks import (
         MANIFEST_FORMAT,
@@ -188,7 +199,8 @@ def _manifest(prepared, target: str, kv: str, cache_len: int, prefill_tokens: in
         "created_by": f"edgeflash {__version__}",
         "model": {"name": prepared.source.name, "spec": spec.to_dict()},
         "quant": prepared.config.to_dict(),
-        "target_weights": {"bytes_by_kind": prepared.bytes_by_kind(), "form": module.WEIGHT_FORM},
+        "target_weights": {"bytes_by_kind": prepared.bytes_by_kind(),
+                           "form": module.weight_form(**options) if options else module.WEIGHT_FORM, **options},
         "tokenizer": {"file": TOKENIZER_FILE, "format": "edgeflash", "bos_id": tok.bos_id,
                       "eos_ids": sorted(tok.eos_ids)},
         "cache": cache_layout(spec, kv, cache_len),

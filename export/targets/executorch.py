@@ -9,6 +9,17 @@ int8 per-token dynamic activation quantization on the linear layers (XNNPACK's q
 KV cache: with kv="state" each layer's cache is a mutable buffer shared by both methods
 (`share_mutable_buffers`), updated in place; with kv="io" it is passed in and the new entries
 come out (chunks loaded one at a time keep no state).
+
+activations="f32" (`--et-activations f32`) is the exact alternative: the linear layers keep
+float32 activations against the same codes and scales (weight-only quantization). Each such
+layer holds its codes as an int8 constant (one byte per value, int4 codes included) and its
+scales as float32; inside the XNNPACK delegate a `dequantize_per_tensor` (scale 1, the codes as
+they are), a multiply by the group scales (exact: an 8-bit code times a bf16 scale fits float32)
+and a float32 `bmm` compute it, so the result differs from the reference runtime's float32
+`x @ W.T` only by float rounding. XNNPACK has no float-activation kernel for group-wise 4-bit
+weights, so the matrix is expanded to float32 on every call: slower than 8da4w, and the int4
+codes take a byte each (unpacking two-per-byte codes needs the portable `embedding_4bit` kernel,
+single-threaded and about 3x slower still).
 """
 
 from __future__ import annotations
@@ -27,12 +38,22 @@ from torch import nn
 
 FORMATS = ("f32", "f16", "bf16", "q8_0", "q4_0")
 KV_MODES = ("state", "io")
+ACTIVATIONS = ("int8", "f32")  # int8: 8da4w / 8da8w (default); f32: weight-only, exact
+DEFAULT_ACTIVATIONS = "int8"
 DEFAULT_KV = "state"
 STATIC_SHAPES = True  # fixed token counts per method
 EXTENSION = ".pte"
 WEIGHT_FORM = ("q4_0 -> int4 and q8_0 -> int8 codes, one bf16 scale per 32 values (torchao "
                "IntxUnpackedToInt8Tensor; linear layers with int8 per-token dynamic activations on XNNPACK, "
                "embeddings through embedding_4bit / embedding_byte); f32/f16 dense as float32")
+WEIGHT_FORM_F32 = ("q4_0 -> int4 and q8_0 -> int8 codes, one bf16 scale per 32 values; linear layers weight-only "
+                   "with float32 activations (codes held as int8, one byte per value, float32 scales; dequantized "
+                   "and multiplied in float32 inside XNNPACK), embeddings through embedding_4bit / embedding_byte; "
+                   "f32/f16 dense as float32")
+
+
+def weight_form(activations: str = DEFAULT_ACTIVATIONS) -> str:
+    return WEIGHT_FORM_F32 if activations == "f32" else WEIGHT_FORM
 
 
 def methods(prefill_tokens: int) -> dict[str, dict[str, int]]:
@@ -66,13 +87,16 @@ def xnnpack_form(w: TargetWeight) -> TargetWeight:
                         scales=scales)
 
 
-def reference_ops(prepared: PreparedModel):
-    """The reference runtime's ops computing as the exported program does on XNNPACK: linear
+def reference_ops(prepared: PreparedModel, activations: str = DEFAULT_ACTIVATIONS):
+    """The reference runtime's ops computing as the exported program does on XNNPACK (None =
+    the plain float32 reference, which is what activations="f32" computes): linear
     layers with int4/int8 weights through `qd8_linear` (bit-exact with XNNPACK's qd8 kernels on a
     given input), and RMSNorm in the graph's order of operations (sum of squares accumulated in
     sequence, times 1/d, then x * rsqrt * w). The other ops (attention, activations) stay the
     reference's; XNNPACK's approximations of exp, sigmoid, tanh and rsqrt differ from them by a
     few ulps, which is what remains between the two (see tests/targets/test_target_executorch.py)."""
+    if activations == "f32":
+        return None
     from edgeflash.runtime.reference.ops import NumpyOps
 
     quantized = {name: w for name, w in prepared.weights.items() if w.kind in ("int4", "int8")}
@@ -176,11 +200,53 @@ class TorchaoOps(DenseOps):
         return layer
 
 
+class WeightOnlyLinear(nn.Module):
+    """x @ W.T in float32 with W = codes * scale per group of 32, all inside XNNPACK: the int8
+    codes through `dequantize_per_tensor` (scale 1, zero point 0: the codes as floats), times the
+    group scales, then `bmm` as W @ x.T (XNNPACK takes a bmm with a computed operand, while its
+    linear wants a constant weight; this order transposes the activations, not the matrix)."""
+
+    def __init__(self, w: TargetWeight, bias: TargetWeight | None):
+        super().__init__()
+        rows, cols = w.shape
+        self.rows, self.cols = rows, cols
+        self.register_buffer("codes", torch.from_numpy(np.ascontiguousarray(w.codes, dtype=np.int8)))
+        scales = np.ascontiguousarray(w.scales, dtype=np.float32).reshape(rows, cols // GROUP, 1)
+        self.register_buffer("scales", torch.from_numpy(scales))
+        self.bias = None if bias is None else nn.Parameter(torch.from_numpy(bias.values().copy()),
+                                                           requires_grad=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        w = torch.ops.quantized_decomposed.dequantize_per_tensor.default(self.codes, 1.0, 0, -128, 127, torch.int8)
+        w = (w.reshape(self.rows, self.cols // GROUP, GROUP) * self.scales).reshape(1, self.rows, self.cols)
+        n = x.numel() // self.cols
+        # reshapes rather than unsqueeze / [0], which would leave the delegate
+        xt = x.reshape(n, self.cols).transpose(0, 1).reshape(1, self.cols, n)
+        y = torch.bmm(w, xt).reshape(self.rows, n).transpose(0, 1)  # [N, rows]
+        y = y.reshape(*x.shape[:-1], self.rows)
+        return y + self.bias if self.bias is not None else y
+
+
+class WeightOnlyOps(TorchaoOps):
+    """activations="f32": int4/int8 linear layers as `WeightOnlyLinear`; embeddings as TorchaoOps."""
+
+    def linear(self, w: TargetWeight, bias: TargetWeight | None) -> nn.Module:
+        if w.kind == "dense":
+            return DenseOps.linear(self, w, bias)
+        import torch.ao.quantization.fx._decomposed  # noqa: F401  registers quantized_decomposed ops
+
+        return WeightOnlyLinear(w, bias)
+
+
 def write_chunk(prepared: PreparedModel, chunk: Chunk, out_dir: Path, *, kv: str, cache_len: int,
-                prefill_tokens: int) -> dict[str, object]:
-    """Lower one chunk to `chunk{i}.pte` in `out_dir`; returns its manifest entry."""
+                prefill_tokens: int, activations: str = DEFAULT_ACTIVATIONS) -> dict[str, object]:
+    """Lower one chunk to `chunk{i}.pte` in `out_dir`; returns its manifest entry. `activations`:
+    "int8" (8da4w / 8da8w) or "f32" (weight-only, float32 activations)."""
+    if activations not in ACTIVATIONS:
+        raise ValueError(f"activations must be one of {ACTIVATIONS}, not {activations!r}")
+    ops = WeightOnlyOps() if activations == "f32" else TorchaoOps()
     graph = ChunkGraph(prepared.source.spec, prepared.weights, chunk.layers, first=chunk.first,
-                       last_chunk=chunk.last, cache_len=cache_len, kv=kv, ops=TorchaoOps())
+                       last_chunk=chunk.last, cache_len=cache_len, kv=kv, ops=ops)
     path = out_dir / f"chunk{chunk.index}{EXTENSION}"
     info = lower_to_file(graph, path, prefill_tokens)
     inputs, outputs = chunk_io(prepared.source.spec, chunk, kv, cache_len)

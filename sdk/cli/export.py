@@ -23,7 +23,7 @@ schemes: keep, f16, q8_0, q4_0, q4_0-rtn, q4_1, q4_1-rtn, q4_k, q4_lut, q4_0-mix
 targets: bundle (default), executorch (.pte, XNNPACK), onnx (.onnx, onnxruntime),
   coreml (.mlpackage); the last three take q4_0, q8_0, f16, f32 (coreml also q4_lut) or a
   mixed: scheme of them, --chunks, --cache-len, --prefill-tokens and --kv (pip install
-  'edgeflash[backends]')
+  'edgeflash[backends]'); executorch also --et-activations f32 (exact, weight-only)
 
 examples:
   edgeflash export default -o out/gemma-q4_0
@@ -62,6 +62,10 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    help="platform targets: tokens per prefill call (default: 64)")
     p.add_argument("--kv", choices=("state", "io"), default=None,
                    help="platform targets: KV cache inside the program (state) or passed in and out (io)")
+    p.add_argument("--et-activations", choices=("int8", "f32"), default=None, dest="et_activations",
+                   help="executorch: int8 = XNNPACK's 8da4w/8da8w linear kernels (fast, default); f32 = "
+                        "weight-only, float32 activations against the same codes (matches the reference "
+                        "runtime to float rounding; slower, int4 codes a byte each)")
     p.add_argument("--calibration", type=Path, metavar="TEXTFILE",
                    help="calibration text (default: the shakespeare calibration split)")
     p.add_argument("--calibration-tokens", type=non_negative_int, default=None,
@@ -99,7 +103,7 @@ BUNDLE_ONLY = {"calibration": ("--calibration", None), "eval_tokens": ("--eval-t
                "sparsity": ("--sparsity", [0.3, 0.5, 0.7]), "neuron_arena": ("--no-neuron-arena", True),
                "predictor_rank": ("--predictor-rank", 64), "top_tokens": ("--top-tokens", 8192),
                "baseline": ("--no-baseline", True), "tensors": ("--tensors", False)}
-PLATFORM_ONLY = ("chunks", "cache_len", "prefill_tokens", "kv")
+PLATFORM_ONLY = ("chunks", "cache_len", "prefill_tokens", "kv", "et_activations")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -111,6 +115,8 @@ def run(args: argparse.Namespace) -> int:
     quant = _quant(args)
     if args.target != "bundle":
         return _run_platform(args, quant)
+    if args.et_activations is not None:
+        raise UserError("--et-activations: only for --target executorch, not bundle")
     given = [f"--{n.replace('_', '-')}" for n in PLATFORM_ONLY if getattr(args, n) is not None]
     if given:
         raise UserError(f"{', '.join(given)}: only for --target executorch, onnx or coreml, not bundle")
@@ -149,6 +155,8 @@ def _run_platform(args: argparse.Namespace, quant: object) -> int:
     given = [flag for n, (flag, default) in BUNDLE_ONLY.items() if getattr(args, n) != default]
     if given:
         raise UserError(f"{', '.join(given)}: only for the bundle target, not --target {args.target}")
+    if args.et_activations is not None and args.target != "executorch":
+        raise UserError(f"--et-activations: only for --target executorch, not {args.target}")
     options = {n: getattr(args, n) for n in (*PLATFORM_ONLY, "calibration_tokens") if getattr(args, n) is not None}
     result = export(args.source, args.output, quant=quant, target=args.target, group_size=args.group_size,
                     overwrite=args.force, progress=not args.quiet, threads=args.threads, **options)

@@ -37,6 +37,8 @@ def assert_one_line_error(status: int, stderr: str, *fragments: str) -> None:
     (["--target", "onnx", "--cache-len", "100000"], ["cache_len = 100000", "context"]),
     (["--target", "coreml", "--eval-tokens", "16"], ["--eval-tokens", "only for the bundle target"]),
     (["--chunks", "2"], ["--chunks", "not bundle"]),
+    (["--target", "onnx", "--et-activations", "f32"], ["--et-activations: only for --target executorch, not onnx"]),
+    (["--et-activations", "f32"], ["--et-activations: only for --target executorch, not bundle"]),
 ])
 def test_bad_target_options(tmp_path, smollm_path, capsys, args, fragments):
     out = tmp_path / "out"

@@ -48,3 +48,40 @@ def test_executorch_matches_reference(target_export, target_reference, model_sou
     summary = parity(result, reference, ops, cache)
     print(alias, chunks, {k: v for k, v in summary.items() if k != "per_prompt"})
     assert_parity(summary, bound, top1, greedy)
+
+
+# et_activations="f32": float32 activations against the same codes and scales (weight-only), so
+# the plain float32 reference is what the export computes, up to float rounding.
+# alias, layers, chunks, kv, logit bound
+EXACT_CASES = [("smollm2-135m", 2, 2, "io", 1e-3), ("gemma3-270m", 2, 1, "state", 1e-3)]
+_EXACT_REFERENCE_CACHE: dict[str, dict] = {}  # plain-float32 reference results, apart from the emulating ones
+
+
+@pytest.mark.parametrize("alias,layers,chunks,kv,bound", EXACT_CASES)
+def test_executorch_f32_activations_match_reference(target_export, target_reference, model_source, alias, layers,
+                                                    chunks, kv, bound):
+    result = target_export(alias, "executorch", chunks, layers, kv=kv, et_activations="f32")
+    m = result.manifest
+    assert m["target_weights"]["activations"] == "f32" and "float32 activations" in m["target_weights"]["form"]
+    assert m["cache"]["mode"] == kv and len(m["chunks"]) == chunks
+    for chunk in m["chunks"]:
+        for method in ("prefill", "decode"):
+            ops = chunk["ops"][method]
+            # dequantization and matmul of every linear inside XNNPACK, none on the portable kernels
+            assert ops.get("xnnpack_delegate", 0) >= 1, ops
+            assert not any(k.startswith(("aten.linear", "aten.mm", "aten.addmm", "aten.bmm", "dequantize"))
+                           for k in ops), ops
+        # weights stay quantized: the linears' codes a byte each plus float32 scales, the embedding
+        # lookup's int4 codes packed two per byte with bf16 scales
+        source = model_source(alias, layers)
+        sizes = chunk_matrices(source, chunk)
+        embedding = sizes[-1 - chunk["head"]] if chunk["embedding"] else 0
+        linears = sum(sizes) - embedding
+        expected = linears + linears // 32 * 4 + int4_bytes(embedding, 2)
+        assert 0.95 * expected < chunk["bytes"] < 1.15 * expected, (chunk["bytes"], expected)
+
+    reference, _, _ = target_reference(alias, "executorch", layers)  # the same weights; no int8 emulation
+    summary = parity(result, reference, None, _EXACT_REFERENCE_CACHE.setdefault(alias, {}))
+    print(alias, chunks, kv, {k: v for k, v in summary.items() if k != "per_prompt"})
+    assert_parity(summary, bound, 1.0, greedy=True)
+    assert summary["same_continuation"] == summary["prompts"], summary
