@@ -183,7 +183,7 @@ def _importance(model, tokens: int, progress: bool, threads: int):
 
 
 def _manifest(prepared, target: str, kv: str, cache_len: int, prefill_tokens: int, chunks: list[dict],
-              timings: dict[str, float], module, options: dict[str, Any]) -> dict[str, Any]:
+              timings: dict[str, float], module, options: dict[str, Any] | None = None) -> dict[str, Any]:
     from edgeflash import __version__
     from edgeflash.export.targets.chunks import (
         MANIFEST_FORMAT,
@@ -200,7 +200,7 @@ def _manifest(prepared, target: str, kv: str, cache_len: int, prefill_tokens: in
         "model": {"name": prepared.source.name, "spec": spec.to_dict()},
         "quant": prepared.config.to_dict(),
         "target_weights": {"bytes_by_kind": prepared.bytes_by_kind(),
-                           "form": module.weight_form(**options) if options else module.WEIGHT_FORM, **options},
+                           "form": module.weight_form(**options) if options else module.WEIGHT_FORM, **(options or {})},
         "tokenizer": {"file": TOKENIZER_FILE, "format": "edgeflash", "bos_id": tok.bos_id,
                       "eos_ids": sorted(tok.eos_ids)},
         "cache": cache_layout(spec, kv, cache_len),
