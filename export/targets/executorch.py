@@ -43,13 +43,12 @@ DEFAULT_ACTIVATIONS = "int8"
 DEFAULT_KV = "state"
 STATIC_SHAPES = True  # fixed token counts per method
 EXTENSION = ".pte"
-WEIGHT_FORM = ("q4_0 -> int4 and q8_0 -> int8 codes, one bf16 scale per 32 values (torchao "
-               "IntxUnpackedToInt8Tensor; linear layers with int8 per-token dynamic activations on XNNPACK, "
-               "embeddings through embedding_4bit / embedding_byte); f32/f16 dense as float32")
-WEIGHT_FORM_F32 = ("q4_0 -> int4 and q8_0 -> int8 codes, one bf16 scale per 32 values; linear layers weight-only "
-                   "with float32 activations (codes held as int8, one byte per value, float32 scales; dequantized "
-                   "and multiplied in float32 inside XNNPACK), embeddings through embedding_4bit / embedding_byte; "
-                   "f32/f16 dense as float32")
+_CODES = "q4_0 -> int4 and q8_0 -> int8 codes, one bf16 scale per 32 values"
+_REST = "embeddings through embedding_4bit / embedding_byte; f32/f16 dense as float32"
+WEIGHT_FORM = (f"{_CODES} (torchao IntxUnpackedToInt8Tensor); linear layers with int8 per-token dynamic "
+               f"activations on XNNPACK; {_REST}")
+WEIGHT_FORM_F32 = (f"{_CODES}; linear layers weight-only with float32 activations (codes held as int8, one byte "
+                   f"per value, float32 scales; dequantized and multiplied in float32 inside XNNPACK); {_REST}")
 
 
 def weight_form(activations: str = DEFAULT_ACTIVATIONS) -> str:
@@ -127,7 +126,8 @@ def reference_ops(prepared: PreparedModel, activations: str = DEFAULT_ACTIVATION
             if activation == "silu":
                 return super().gated(gate, up, activation)
             c = np.float32(np.sqrt(2.0 / np.pi))  # tanh GELU in `_gelu`'s order
-            return np.float32(0.5) * gate * (np.float32(1) + np.tanh(c * (gate + np.float32(0.044715) * (gate * gate * gate)))) * up
+            inner = c * (gate + np.float32(0.044715) * (gate * gate * gate))
+            return np.float32(0.5) * gate * (np.float32(1) + np.tanh(inner)) * up
 
     return XnnpackOps()
 
@@ -232,7 +232,7 @@ class WeightOnlyOps(TorchaoOps):
 
     def linear(self, w: TargetWeight, bias: TargetWeight | None) -> nn.Module:
         if w.kind == "dense":
-            return DenseOps.linear(self, w, bias)
+            return super().linear(w, bias)
         import torch.ao.quantization.fx._decomposed  # noqa: F401  registers quantized_decomposed ops
 
         return WeightOnlyLinear(w, bias)
