@@ -1,6 +1,6 @@
 """One speculative step: draft a tree after the token just decided, verify it with the target in
-one pass, keep the accepted path. Plus the controller that sizes trees from measured acceptance
-and verify cost, and turns speculation off while it does not pay."""
+one pass, keep the accepted path. How big a tree to draft, if any, is the controller's choice
+(controller.py)."""
 
 from __future__ import annotations
 
@@ -12,11 +12,9 @@ import numpy as np
 
 from edgeflash.errors import UserError
 from edgeflash.runtime.sampler import Sampler
+from edgeflash.runtime.speculative.controller import Controller
 from edgeflash.runtime.speculative.drafters import CombinedDrafter, EngineDrafter, LookupDrafter
 from edgeflash.runtime.speculative.tree import DraftTree
-
-TREE_SIZES = (4, 8, 16)  # nodes per verification, root included
-MAX_DEPTH = 8
 
 
 @dataclass
@@ -40,53 +38,6 @@ class SpecStats:
         }
 
 
-class Controller:
-    """Picks the tree size with the best measured tokens per second, and pauses speculation when
-    a plain step is faster. Estimates are running averages; every `explore` steps a paused or
-    other size is tried again, because the text changes."""
-
-    def __init__(self, max_nodes: int, explore: int = 24):
-        self.sizes = [s for s in TREE_SIZES if s <= max_nodes] or [max(2, max_nodes)]
-        self.explore = explore
-        self.step_no = 0
-        self.gain: dict[int, float] = {}  # size -> tokens per pass (EMA)
-        self.cost: dict[int, float] = {}  # size -> seconds per pass incl. drafting (EMA)
-        self.plain_cost: float | None = None
-        self.current = self.sizes[-1]
-        self.enabled = True
-
-    def choose(self) -> int | None:
-        """A tree size, or None for a plain (measured) single-token step."""
-        self.step_no += 1
-        if self.plain_cost is None or self.step_no % self.explore == 1:
-            return None  # measure what a plain step costs now
-        if self.step_no % self.explore == 0:  # re-measure something else now and then
-            self.enabled = True
-            untried = [s for s in self.sizes if s not in self.cost]
-            self.current = untried[0] if untried else self.sizes[(self.step_no // self.explore) % len(self.sizes)]
-            return self.current
-        if not self.enabled:
-            return None
-        rates = {s: self.gain[s] / self.cost[s] for s in self.sizes if s in self.cost and self.cost[s] > 0}
-        if rates:
-            self.current = max(rates, key=rates.get)
-            if self.plain_cost and rates[self.current] < 1.0 / self.plain_cost:
-                self.enabled = False  # speculation does not pay right now
-                return None
-        return self.current
-
-    @staticmethod
-    def _ema(old: float | None, new: float, a: float = 0.3) -> float:
-        return new if old is None else (1 - a) * old + a * new
-
-    def record(self, size: int, tokens: int, seconds: float) -> None:
-        self.gain[size] = self._ema(self.gain.get(size), tokens)
-        self.cost[size] = self._ema(self.cost.get(size), seconds)
-
-    def record_plain(self, seconds: float) -> None:
-        self.plain_cost = self._ema(self.plain_cost, seconds)
-
-
 class SpeculativeDecoder:
     def __init__(self, engine: Any, drafter: Any, sampler: Sampler, max_nodes: int = 16):
         if not hasattr(engine, "forward_tree"):
@@ -100,13 +51,14 @@ class SpeculativeDecoder:
         """history ends with the token just decided (not yet in the cache). Returns the next
         tokens: the drafted ones the target accepted, then one the target chose itself.
         `room`: cache slots left; every tree node takes one until the pass is committed."""
-        size = self.controller.choose()
+        choice = self.controller.choose()
         tree = None
         t0 = time.perf_counter()
-        if size is not None:
+        if choice is not None:
+            size, depth = choice
             if room is not None:
                 size = min(size, room)
-            tree = self.drafter.propose(history, size, MAX_DEPTH)
+            tree = self.drafter.propose(history, size, depth)
         t1 = time.perf_counter()
         if tree is None or tree.size < 2:
             logits = self.engine.forward([history[-1]])[-1]
@@ -130,7 +82,7 @@ class SpeculativeDecoder:
         st.by_drafter[name][1] += accepted
         if hasattr(self.drafter, "feedback"):
             self.drafter.feedback(name, accepted)
-        self.controller.record(size, len(out), time.perf_counter() - t0)
+        self.controller.record(tree.size, int(tree.depths().max()), len(out), time.perf_counter() - t0)
         return out
 
     def _verify(self, tree: DraftTree, history: list[int]) -> tuple[list[int], list[int]]:
