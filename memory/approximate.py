@@ -25,7 +25,7 @@ if TYPE_CHECKING:
     from edgeflash.memory.budgeted import BudgetedEngine
 
 MIN_CAPACITY = 32  # neurons per layer: below this the cache only thrashes
-READ_CHUNK = 4 << 20
+ROW_READ_BYTES = 256 << 10  # BudgetedEngine.read_rows's buffer: held only while the shortlist loads
 BOUNCE_BYTES = 1 << 20  # memory/native/neuron_cache.cpp's read buffer
 
 
@@ -101,7 +101,7 @@ class ApproximateMode:
             out["ffn_norms"] = sum(align_up(self.source.tensors[n].nbytes) for n in self._ffn_norms())
         if self.shortlist is not None:
             head = self.source.tensors[self._head_tensor()]
-            out["head_shortlist"] = len(self.ids) * (head.nbytes // head.rows) + READ_CHUNK
+            out["head_shortlist"] = len(self.ids) * (head.nbytes // head.rows) + ROW_READ_BYTES
         return out
 
     def plan(self, fixed: dict[str, int], threads: int, chunk: int) -> MemoryPlan:
@@ -118,7 +118,7 @@ class ApproximateMode:
             try:
                 plan = make_plan(self.layout, self.spec, self.engine.budget, self.engine.strategy,
                                  {**fixed, **self.fixed_costs(capacity)}, threads, chunk, skip=skip,
-                                 full_head=self.shortlist is None)
+                                 full_head=self.shortlist is None, head_chunk_limit=self.engine.head_chunk)
                 break
             except BudgetError as e:
                 error = e

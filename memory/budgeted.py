@@ -14,12 +14,17 @@ import numpy as np
 from edgeflash.errors import IntegrityError, ModelFormatError, UserError
 from edgeflash.memory.io_profile import best_settings
 from edgeflash.memory.layout import WeightLayout, align_down, align_up, tensor_view_of, weight_layout
-from edgeflash.memory.approximate import ApproximateMode
+from edgeflash.memory.approximate import ROW_READ_BYTES, ApproximateMode
 from edgeflash.memory.planner import BudgetError, MemoryPlan, group_units, make_plan
 from edgeflash.runtime.native_engine import NativeEngine
 from edgeflash.runtime.source import ModelSource
 
 # canonical suffix -> the engine's name for a layer tensor
+# Head rows per logits pass under a budget: a quarter of the unbudgeted engine's, so its buffers
+# (3 x max_batch x rows floats: 3 MiB at 16 tokens and 16384 rows) leave room for weights; the
+# extra passes cost little next to reading the head from flash.
+BUDGETED_HEAD_CHUNK = 4096
+
 LAYER_TARGETS = {
     "attn_q.weight": "q", "attn_k.weight": "k", "attn_v.weight": "v", "attn_output.weight": "o",
     "ffn_gate.weight": "gate", "ffn_up.weight": "up", "ffn_down.weight": "down",
@@ -80,7 +85,7 @@ class BudgetedEngine(NativeEngine):
         self._verify = verify
         self._decode_bytes = 0
         self._decode_passes = 0
-        super().__init__(source, **options)
+        super().__init__(source, head_chunk=BUDGETED_HEAD_CHUNK, **options)
 
     def _load_weights(self) -> None:
         spec, source = self.spec, self.source
@@ -95,7 +100,8 @@ class BudgetedEngine(NativeEngine):
         self.approx = approx
         if approx is None:  # exact mode never reads the sparse-mode predictors
             skip = frozenset(g for g in layout.groups if g.endswith(".predictor"))
-            plan = make_plan(layout, spec, self.budget, self.strategy, fixed, threads, chunk, skip=skip)
+            plan = make_plan(layout, spec, self.budget, self.strategy, fixed, threads, chunk, skip=skip,
+                             head_chunk_limit=self.head_chunk)
         else:
             plan = approx.plan(fixed, threads, chunk)
         self.plan = plan
@@ -142,18 +148,20 @@ class BudgetedEngine(NativeEngine):
         row_bytes = loc.nbytes // t.rows
         out = np.empty((len(ids), row_bytes), dtype=np.uint8)
         order = np.argsort(ids)
-        scratch = aligned_empty(4 << 20)
-        rows_per_read = max(1, ((4 << 20) - 8192) // row_bytes)
+        wanted = ids[order]
+        scratch = aligned_empty(ROW_READ_BYTES)
+        rows_per_read = max(1, (ROW_READ_BYTES - 8192) // row_bytes)  # room for the page alignment at both ends
         fd, _ = open_direct(self.layout.path)
         try:
             k = 0
             while k < len(order):
-                r0 = int(ids[order[k]])
-                r1 = min(t.rows, r0 + rows_per_read)
+                r0 = int(wanted[k])
+                # One read from this row up to the last wanted row within reach, not past it.
+                r1 = int(wanted[np.searchsorted(wanted, r0 + rows_per_read) - 1]) + 1
                 begin = loc.offset + r0 * row_bytes
                 start = align_down(begin)
                 buf = read_range(fd, self.layout.path, start, align_up(loc.offset + r1 * row_bytes) - start, scratch)
-                while k < len(order) and int(ids[order[k]]) < r1:
+                while k < len(order) and int(wanted[k]) < r1:
                     at = begin - start + (int(ids[order[k]]) - r0) * row_bytes
                     out[order[k]] = buf[at:at + row_bytes]
                     k += 1

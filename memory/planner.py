@@ -113,12 +113,13 @@ class MemoryPlan:
 
 def make_plan(layout: WeightLayout, spec: ModelSpec, budget: int, strategy: str, fixed: dict[str, int],
               io_threads: int = 4, chunk_bytes: int = 512 * 1024, skip: frozenset[str] = frozenset(),
-              full_head: bool = True) -> MemoryPlan:
+              full_head: bool = True, head_chunk_limit: int = 16384) -> MemoryPlan:
     """`skip`: groups the run never reads per token (the dense FFN in sparse mode); `full_head`
-    False: an approximate head replaces the full one (its rows are a fixed cost)."""
+    False: an approximate head replaces the full one (its rows are a fixed cost);
+    `head_chunk_limit`: the engine's rows per logits pass, the most a streamed head chunk may hold."""
     if strategy not in STRATEGIES:
         raise UserError(f"strategy = {strategy!r}: expected one of {', '.join(STRATEGIES)}")
-    args = (layout, spec, budget, strategy, fixed, io_threads, chunk_bytes, skip, full_head)
+    args = (layout, spec, budget, strategy, fixed, io_threads, chunk_bytes, skip, full_head, head_chunk_limit)
     if strategy != "flash":
         return _plan(*args, slots=1)
     # Prefetch needs at least two staging slots; a third lets reads run two units ahead, but under
@@ -136,7 +137,8 @@ def make_plan(layout: WeightLayout, spec: ModelSpec, budget: int, strategy: str,
 
 
 def _plan(layout: WeightLayout, spec: ModelSpec, budget: int, strategy: str, fixed: dict[str, int],
-          io_threads: int, chunk_bytes: int, skip: frozenset[str], full_head: bool, slots: int) -> MemoryPlan:
+          io_threads: int, chunk_bytes: int, skip: frozenset[str], full_head: bool, head_chunk_limit: int,
+          slots: int) -> MemoryPlan:
     fixed = dict(fixed)
     fixed["runtime_reserve"] = RUNTIME_RESERVE
     groups = layout.groups
@@ -192,8 +194,8 @@ def _plan(layout: WeightLayout, spec: ModelSpec, budget: int, strategy: str, fix
     head_chunk_rows = 0
     if head_name and head_name not in resident:
         row_bytes = layout.locations[groups[head_name].tensors[0]].nbytes // spec.vocab_size
-        # at most the engine's 16384-row logits pass (runtime/native/engine.cpp kHeadChunk)
-        head_chunk_rows = max(1, min(spec.vocab_size, 16384, head_chunk_bytes // row_bytes - 2))
+        # at most the engine's logits pass (EngineOptions::head_chunk), whose buffers are sized for it
+        head_chunk_rows = max(1, min(spec.vocab_size, head_chunk_limit, head_chunk_bytes // row_bytes - 2))
     streamed = [n for n in order if n not in resident]
     # An embedding table serves one row per token; as the tied head it is read whole every pass.
     per_pass = sum(groups[n].nbytes for n in streamed if n != "embedding" or n == head_name)

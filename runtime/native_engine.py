@@ -19,6 +19,7 @@ from edgeflash.runtime.tensors import Tensor
 
 KERNEL_FORMATS = ("f32", "f16", "q8_0", "q4_0", "q4_1", "q5_0", "q4_k", "q6_k", "q4_lut")
 DEFAULT_CONTEXT = 4096  # KV cache positions when the caller does not say (the model may allow more)
+HEAD_CHUNK = 16384  # head rows per logits pass: its buffers take max_batch x 3 x this many floats
 
 _MATRICES = {"q": "attn_q.weight", "k": "attn_k.weight", "v": "attn_v.weight", "o": "attn_output.weight",
              "gate": "ffn_gate.weight", "up": "ffn_up.weight", "down": "ffn_down.weight",
@@ -57,7 +58,8 @@ class NativeEngine:
     name = "native"
 
     def __init__(self, source: ModelSource, *, threads: int = 2, context_length: int | None = None,
-                 max_batch: int = 64, kv_format: str = "f16", activations: str = "q8x2"):
+                 max_batch: int = 64, kv_format: str = "f16", activations: str = "q8x2",
+                 head_chunk: int = HEAD_CHUNK):
         from edgeflash import kernels
         from edgeflash.kernels import _native
 
@@ -65,6 +67,7 @@ class NativeEngine:
         self.source, self.spec, self.tokenizer = source, spec, source.tokenizer
         self.context_length = min(context_length or DEFAULT_CONTEXT, spec.context_length)
         self.max_batch = max_batch
+        self.head_chunk = head_chunk
         self.activations = activations
         self.kv_format = kv_format
         self.threads = threads
@@ -72,7 +75,7 @@ class NativeEngine:
         self.conversions: dict[str, str] = {}
         try:
             self._engine = _native.Engine(engine_shape(spec), layer_shapes(spec), self.context_length, max_batch,
-                                          kv_format, activations)
+                                          kv_format, activations, head_chunk)
         except ValueError as e:
             raise UserError(f"{source.path}: {e}") from None
         self.tokens: list[int] = []

@@ -44,7 +44,7 @@ const T* typed(const In& a, size_t count, const char* what) {
 class PyEngine {
  public:
   PyEngine(const nb::dict& shape, const std::vector<nb::dict>& layers, int64_t context, int64_t max_batch,
-           const std::string& kv_format, const std::string& activations)
+           const std::string& kv_format, const std::string& activations, int64_t head_chunk)
       : layers_(nb::cast<int64_t>(shape["n_layers"])) {
     ModelShape s;
     s.n_layers = nb::cast<int64_t>(shape["n_layers"]);
@@ -77,6 +77,8 @@ class PyEngine {
     EngineOptions o;
     o.context = context;
     o.max_batch = max_batch;
+    if (head_chunk < 1) throw KernelError("head_chunk must be at least 1 row");
+    o.head_chunk = head_chunk;
     o.kv_format = format_named(kv_format);
     if (o.kv_format != Format::f16 && o.kv_format != Format::q8_0) throw KernelError("kv_format must be f16 or q8_0");
     if (activations == "q8") o.act_mode = ActMode::q8;
@@ -379,9 +381,9 @@ void register_engine(nb::module_& m) {
         nb::arg("offset"), nb::arg("total"));
   nb::class_<PyEngine>(m, "Engine")
       .def(nb::init<const nb::dict&, const std::vector<nb::dict>&, int64_t, int64_t, const std::string&,
-                    const std::string&>(),
+                    const std::string&, int64_t>(),
            nb::arg("shape"), nb::arg("layers"), nb::arg("context"), nb::arg("max_batch"), nb::arg("kv_format"),
-           nb::arg("activations"))
+           nb::arg("activations"), nb::arg("head_chunk") = 16384)
       .def("set_embedding", &PyEngine::set_embedding)
       .def("set_head", &PyEngine::set_head)
       .def("set_output_norm", &PyEngine::set_output_norm)

@@ -9,7 +9,6 @@
 namespace ef::engine {
 namespace {
 
-constexpr int64_t kHeadChunk = 16384;  // head rows per logits pass: bounds the temporary buffers
 
 KernelError engine_error(const std::string& what) { return KernelError("engine: " + what); }
 
@@ -68,10 +67,10 @@ Engine::Engine(const ModelShape& shape, std::vector<LayerShape> layers, const En
   // Every buffer the forward pass may use, allocated now: memory() is then exact and nothing
   // grows while the model runs (a budgeted run plans with these numbers).
   const int64_t max_cols = std::max({shape_.d_model, shape_.n_heads * shape_.head_dim, shape_.d_ff});
-  const int64_t max_rows = std::max({max_cols, std::min(shape_.vocab, kHeadChunk)});
+  const int64_t max_rows = std::max({max_cols, std::min(shape_.vocab, options_.head_chunk)});
   act2_.resize(static_cast<size_t>(2 * b * max_cols));
   out2_.resize(static_cast<size_t>(2 * b * max_rows));
-  head_part_.resize(static_cast<size_t>(b * std::min(shape_.vocab, kHeadChunk)));
+  head_part_.resize(static_cast<size_t>(b * std::min(shape_.vocab, options_.head_chunk)));
   int64_t max_capacity = 0;
   for (const LayerCache& c : caches_) max_capacity = std::max(max_capacity, c.capacity);
   mask_.reserve(static_cast<size_t>(b * max_capacity));
@@ -289,8 +288,8 @@ void Engine::compute_logits(int64_t m, float* logits) {
   if (!head_ids_.empty()) {
     const int64_t k = static_cast<int64_t>(head_ids_.size());
     std::fill(logits, logits + m * shape_.vocab, -std::numeric_limits<float>::infinity());
-    for (int64_t r0 = 0; r0 < k; r0 += kHeadChunk) {
-      const int64_t rows = std::min(kHeadChunk, k - r0);
+    for (int64_t r0 = 0; r0 < k; r0 += options_.head_chunk) {
+      const int64_t rows = std::min(options_.head_chunk, k - r0);
       linear(rows_of(r0, rows), sel_.data(), xq_, ready, m, head_part_.data());
       ready = true;
       for (int64_t t = 0; t < m; ++t)
@@ -299,8 +298,8 @@ void Engine::compute_logits(int64_t m, float* logits) {
     return;
   }
   if (!head_source_) {  // resident head, in row chunks so temporaries stay small
-    for (int64_t r0 = 0; r0 < head_.rows; r0 += kHeadChunk) {
-      const int64_t rows = std::min(kHeadChunk, head_.rows - r0);
+    for (int64_t r0 = 0; r0 < head_.rows; r0 += options_.head_chunk) {
+      const int64_t rows = std::min(options_.head_chunk, head_.rows - r0);
       float* out = m == 1 ? logits + r0 : head_part_.data();
       linear(rows_of(r0, rows), sel_.data(), xq_, ready, m, out);
       ready = true;
@@ -347,8 +346,8 @@ void Engine::compute_argmax(int64_t m, int32_t* out) {
   if (!head_ids_.empty()) {
     const size_t rb = row_bytes(head_.fmt, head_.cols);
     const int64_t k = static_cast<int64_t>(head_ids_.size());
-    for (int64_t r0 = 0; r0 < k; r0 += kHeadChunk) {
-      const int64_t rows = std::min(kHeadChunk, k - r0);
+    for (int64_t r0 = 0; r0 < k; r0 += options_.head_chunk) {
+      const int64_t rows = std::min(options_.head_chunk, k - r0);
       fold(WeightMatrix{head_.data + r0 * rb, static_cast<size_t>(rows) * rb, head_.fmt, rows, head_.cols, 0}, 0,
            head_ids_.data() + r0);
     }
@@ -361,8 +360,8 @@ void Engine::compute_argmax(int64_t m, int32_t* out) {
     }
   } else {
     const size_t rb = row_bytes(head_.fmt, head_.cols);
-    for (int64_t r0 = 0; r0 < head_.rows; r0 += kHeadChunk) {
-      const int64_t rows = std::min(kHeadChunk, head_.rows - r0);
+    for (int64_t r0 = 0; r0 < head_.rows; r0 += options_.head_chunk) {
+      const int64_t rows = std::min(options_.head_chunk, head_.rows - r0);
       fold(WeightMatrix{head_.data + r0 * rb, static_cast<size_t>(rows) * rb, head_.fmt, rows, head_.cols, 0}, r0,
            nullptr);
     }

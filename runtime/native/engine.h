@@ -112,6 +112,7 @@ struct EngineOptions {
   int64_t max_batch = 64;     // tokens per forward call (prefill chunk, verification tree)
   Format kv_format = Format::f16;
   ActMode act_mode = ActMode::q8x2;
+  int64_t head_chunk = 16384;  // head rows per logits pass: bounds the [max_batch, rows] temporaries
 };
 
 // Bytes of each buffer the engine owns, for memory accounting.

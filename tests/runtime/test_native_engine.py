@@ -7,6 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from edgeflash.errors import UserError
 from edgeflash.export.sources.hf import load_hf_dir
 from edgeflash.runtime.native_engine import NativeEngine
 from edgeflash.runtime.reference import ReferenceEngine
@@ -97,6 +98,19 @@ def test_rollback_within_and_beyond_ring_slack(tiny_sources):
 
 
 @pytest.mark.slow
+def test_head_chunk_changes_buffers_not_logits(tiny_sources):
+    """Budgeted runs pass fewer head rows per logits pass to shrink its buffers; every row's dot
+    product is the same whatever the chunk (1000 rows: not a divisor of the vocabulary)."""
+    source = tiny_sources["llama-gqa-untied"]
+    prompt = _prompt(source, 12)
+    full = NativeEngine(source, max_batch=8, context_length=64)
+    small = NativeEngine(source, max_batch=8, context_length=64, head_chunk=1000)
+    assert np.array_equal(full.forward(prompt, all_logits=True), small.forward(prompt, all_logits=True))
+    assert small._engine.memory()["activations"] < full._engine.memory()["activations"]
+    with pytest.raises(UserError, match="head_chunk"):
+        NativeEngine(source, head_chunk=0)
+
+
 @pytest.mark.parametrize("alias", ["smollm2-135m", "gemma3-270m"])
 def test_real_model_agreement_on_heldout_text(alias, model_path):
     """Teacher-forced on held-out text, native top-1 agrees with the reference at >= 99% of
