@@ -35,8 +35,8 @@ def test_flash_bound_text_that_starts_repeating_gets_the_largest_deep_trees_at_o
     first_pass = next(i for i, d in enumerate(copying) if d is not None)
     assert first_pass <= MAX_PAUSE + 1  # a probe comes within one pause
     later = [d for d in copying[first_pass + 4:] if d is not None]
-    assert later and all(d == (16, 15) for d in later)  # biggest tree, drafts past the shallow depth
-    assert 15 > SHALLOW_DEPTH
+    # The biggest tree, drafted as deep as it allows, past the shallow depth.
+    assert later and all(d == (16, 15) for d in later) and 15 > SHALLOW_DEPTH
 
 
 def test_compute_bound_passes_that_do_not_pay_are_mostly_skipped():
