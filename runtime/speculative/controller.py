@@ -60,7 +60,7 @@ class Controller:
         """Shallow drafts leave nodes for other branches; go deeper only while whole shallow
         drafts are being accepted (text that repeats itself)."""
         shallow = min(size - 1, SHALLOW_DEPTH)
-        return size - 1 if self.reach[shallow] >= 0.5 else shallow
+        return size - 1 if self.reach[shallow] > 0.5 else shallow  # not on the prior alone
 
     def expected_tokens(self, size: int) -> float:
         """Tokens a pass is expected to yield: the bonus token plus every depth the draft reaches."""

@@ -32,6 +32,18 @@ def test_greedy_equals_plain_decoding(bundle_fixture, drafter, request):
     assert grounded["spec_mean_accepted"] > 1.0  # the passage is there to be copied
 
 
+def test_draft_model_with_the_same_tokenizer(smol_bundle, smollm_path, gemma_bundle):
+    """draft:PATH: a separate model drafts greedily; here the GGUF the bundle was exported from,
+    so its drafts are mostly accepted. A model with another tokenizer is refused."""
+    m = ef.load(smol_bundle)
+    plain = m.generate(STORY, max_tokens=32, speculative="none")
+    spec = m.generate(STORY, max_tokens=32, speculative=f"draft:{smollm_path}")
+    assert spec.tokens == plain.tokens
+    assert spec.stats["spec_by_drafter"]["draft"]["mean_accepted"] > 1.0
+    with pytest.raises(ef.UserError, match="tokenizer"):
+        m.generate(STORY, max_tokens=4, speculative=f"draft:{gemma_bundle}")
+
+
 def test_drafts_shorten_at_the_end_of_the_context(smol_bundle):
     """Speculation runs until the context is full (trees get shallower), and stops where plain
     decoding stops, with the same tokens."""

@@ -88,6 +88,19 @@ def test_generate_json_stats(smollm_path):
     assert stats["peak_rss_bytes"] > 50_000_000
 
 
+def test_generate_speculative_reports_acceptance(smol_bundle):
+    proc = run_cli("generate", "-m", str(smol_bundle), "-p", "one two three, one two three, one two three,", "-n", "24",
+                   "--speculative", "lookup", "--json")
+    assert proc.returncode == 0, proc.stderr
+    stats = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert stats["spec_passes"] > 0 and stats["spec_mean_accepted"] > 1.0  # the prompt repeats itself
+
+
+def test_bad_speculative_kind(smol_bundle):
+    assert_one_line_error(run_cli("generate", "-m", str(smol_bundle), "-p", "hi", "--speculative", "bogus"),
+                          "'bogus'", "lookup", "draft:PATH")
+
+
 def test_help_explains_generate():
     proc = run_cli("generate", "--help")
     assert proc.returncode == 0
