@@ -19,12 +19,12 @@ from edgeflash.memory.planner import BudgetError, MemoryPlan, group_units, make_
 from edgeflash.runtime.native_engine import NativeEngine
 from edgeflash.runtime.source import ModelSource
 
-# canonical suffix -> the engine's name for a layer tensor
 # Head rows per logits pass under a budget: a quarter of the unbudgeted engine's, so its buffers
 # (3 x max_batch x rows floats: 3 MiB at 16 tokens and 16384 rows) leave room for weights; the
 # extra passes cost little next to reading the head from flash.
 BUDGETED_HEAD_CHUNK = 4096
 
+# canonical suffix -> the engine's name for a layer tensor
 LAYER_TARGETS = {
     "attn_q.weight": "q", "attn_k.weight": "k", "attn_v.weight": "v", "attn_output.weight": "o",
     "ffn_gate.weight": "gate", "ffn_up.weight": "up", "ffn_down.weight": "down",
@@ -162,7 +162,7 @@ class BudgetedEngine(NativeEngine):
                 start = align_down(begin)
                 buf = read_range(fd, self.layout.path, start, align_up(loc.offset + r1 * row_bytes) - start, scratch)
                 while k < len(order) and int(wanted[k]) < r1:
-                    at = begin - start + (int(ids[order[k]]) - r0) * row_bytes
+                    at = begin - start + (int(wanted[k]) - r0) * row_bytes
                     out[order[k]] = buf[at:at + row_bytes]
                     k += 1
         finally:

@@ -21,6 +21,7 @@ from dataclasses import asdict, dataclass, field
 from edgeflash.errors import UserError
 from edgeflash.memory.layout import WeightGroup, WeightLayout, align_up
 from edgeflash.memory.sizes import format_size
+from edgeflash.runtime.native_engine import HEAD_CHUNK
 from edgeflash.runtime.spec import ModelSpec
 
 STRATEGIES = ("naive", "hybrid", "flash")
@@ -113,7 +114,7 @@ class MemoryPlan:
 
 def make_plan(layout: WeightLayout, spec: ModelSpec, budget: int, strategy: str, fixed: dict[str, int],
               io_threads: int = 4, chunk_bytes: int = 512 * 1024, skip: frozenset[str] = frozenset(),
-              full_head: bool = True, head_chunk_limit: int = 16384) -> MemoryPlan:
+              full_head: bool = True, head_chunk_limit: int = HEAD_CHUNK) -> MemoryPlan:
     """`skip`: groups the run never reads per token (the dense FFN in sparse mode); `full_head`
     False: an approximate head replaces the full one (its rows are a fixed cost);
     `head_chunk_limit`: the engine's rows per logits pass, the most a streamed head chunk may hold."""

@@ -383,7 +383,7 @@ void register_engine(nb::module_& m) {
       .def(nb::init<const nb::dict&, const std::vector<nb::dict>&, int64_t, int64_t, const std::string&,
                     const std::string&, int64_t>(),
            nb::arg("shape"), nb::arg("layers"), nb::arg("context"), nb::arg("max_batch"), nb::arg("kv_format"),
-           nb::arg("activations"), nb::arg("head_chunk") = 16384)
+           nb::arg("activations"), nb::arg("head_chunk"))
       .def("set_embedding", &PyEngine::set_embedding)
       .def("set_head", &PyEngine::set_head)
       .def("set_output_norm", &PyEngine::set_output_norm)

@@ -9,7 +9,6 @@
 namespace ef::engine {
 namespace {
 
-
 KernelError engine_error(const std::string& what) { return KernelError("engine: " + what); }
 
 bool quantized(const WeightMatrix& w) { return format_info(w.fmt).quantized; }

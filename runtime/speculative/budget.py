@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 
 from edgeflash.memory.planner import kv_cache_bytes
+from edgeflash.runtime.native_engine import HEAD_CHUNK
 from edgeflash.runtime.source import ModelSource
 
 
@@ -43,7 +44,7 @@ def _work_buffers(spec, max_batch: int) -> int:
     qd = spec.n_heads * spec.head_dim
     kd = spec.n_kv_heads * spec.head_dim
     max_cols = max(spec.d_model, qd, spec.d_ff)
-    max_rows = max(max_cols, min(spec.vocab_size, 16384))
+    max_rows = max(max_cols, min(spec.vocab_size, HEAD_CHUNK))
     floats = max_batch * (3 * spec.d_model + 2 * qd + 2 * kd + 2 * spec.d_ff) + 2 * max_batch * max_cols \
-        + 2 * max_batch * max_rows + max_batch * min(spec.vocab_size, 16384)
+        + 2 * max_batch * max_rows + max_batch * min(spec.vocab_size, HEAD_CHUNK)
     return 4 * floats + 2 * max_batch * max_cols * 19 // 8 + max_batch * 4096 + 4 * max_batch
