@@ -68,6 +68,20 @@ def test_streamed_units_are_split_across_the_io_threads():
     assert m.engine.plan.io.chunk_bytes * m.engine.plan.io.threads >= unit
 
 
+def test_spare_budget_deepens_prefetch():
+    """Budget no weight group fits in becomes staging slots, so reads run further ahead; never
+    past the budget, and none left over that would hold one more slot."""
+    from edgeflash.memory.planner import MAX_PREFETCH_SLOTS
+
+    plans = {b: ef.load("gemma3-270m", memory_budget=b, context_length=256).engine.plan for b in ("110MB", "160MB")}
+    for plan in plans.values():
+        unit = plan.staging_bytes // plan.io.slots
+        assert plan.total <= plan.budget
+        assert plan.io.slots == MAX_PREFETCH_SLOTS or plan.budget - plan.total < unit
+    assert plans["160MB"].io.slots > 3  # the head streams and 50 MB are spare
+    assert plans["160MB"].stream_bytes_per_pass <= plans["110MB"].stream_bytes_per_pass
+
+
 def test_infeasible_budget_is_refused_with_the_minimum():
     with pytest.raises(BudgetError, match=r"at least [0-9.]+ MiB is needed"):
         ef.load("smollm2-135m", memory_budget="20MB")
