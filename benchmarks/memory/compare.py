@@ -1,7 +1,10 @@
 """Budgeted runs side by side: naive vs hybrid vs flash, exact and approximate, at 50% and 25% of
 each model's bundle, every configuration in its own process (peak RSS is per run), interleaved
-over rounds so load on this shared machine hits all alike. Reads use direct I/O: they go to the
-storage, not the page cache.
+over rounds so load on this shared machine hits all alike. Each round starts the list of
+configurations one place further on: the virtual disk's host caches what was read last, so no
+configuration should always run right after another. Besides medians of tok/s, the ratios are
+given as the median over rounds of each round's own ratio. Reads use direct I/O: they go to the
+storage (or the host's cache), not the guest's page cache.
 
   python benchmarks/memory/compare.py                        # both models, 2 rounds
   python benchmarks/memory/compare.py --models gemma3-270m --rounds 3 --tokens 64
@@ -36,6 +39,7 @@ CONFIGS = {  # name -> load options
     "hybrid": {"strategy": "hybrid"},
     "flash": {"strategy": "flash"},
     "flash+head": {"strategy": "flash", "head_shortlist": 8192},
+    "flash+head+kv8": {"strategy": "flash", "head_shortlist": 8192, "kv_cache": "q8_0"},
     "flash+head+s30": {"strategy": "flash", "head_shortlist": 8192, "sparsity": 0.3},
     "flash+head+s50": {"strategy": "flash", "head_shortlist": 8192, "sparsity": 0.5},
 }
@@ -89,7 +93,8 @@ def compare(args: argparse.Namespace) -> None:
             plan.append((model, bundle, fraction, int((exact + approx) * fraction)))
     for round_no in range(args.rounds):
         for model, bundle, fraction, budget in plan:
-            for name in args.configs:
+            shift = round_no % len(args.configs)
+            for name in args.configs[shift:] + args.configs[:shift]:
                 r = run(bundle, budget, CONFIGS[name], args.tokens)
                 results.setdefault((model, fraction, name), []).append(r)
                 print(f"round {round_no} {model} {fraction:.0%} {name}: "
@@ -117,6 +122,30 @@ def compare(args: argparse.Namespace) -> None:
                   f"{tok / naive:.2f}x | {tok / hybrid:.2f}x | {median(name, 'flash_bytes_per_token') / 1e6:.1f} | "
                   f"{median(name, 'io_wait_share'):.0%} | {median(name, 'peak_over_baseline') / 1e6:.0f} "
                   f"({budget / 1e6:.0f}) | {same} |" if naive and hybrid else f"| {model} | {name} | {tok} |")
+    print_paired(plan, args.configs, results)
+
+
+def print_paired(plan: list, configs: list[str], results: dict[tuple, list[dict]]) -> None:
+    """Per-round ratios (each round's configurations ran back to back), their median and range,
+    and the rate each configuration streamed at (MB per token x tokens per second)."""
+    print("\n| model | budget | config | vs naive, per round: median (range) | vs hybrid, per round: median (range) "
+          "| streamed MB/s |")
+    print("|" + "---|" * 6)
+    for model, _, fraction, _ in plan:
+        def tok(name: str) -> list[float | None]:
+            return [r.get("decode_tok_s") for r in results.get((model, fraction, name), [])]
+
+        naive, hybrid = tok("naive"), tok("hybrid")
+        for name in configs:
+            runs = [r for r in results[(model, fraction, name)] if "error" not in r]
+            if not runs:
+                continue
+            cells = []
+            for base in (naive, hybrid):
+                ratios = [a / b for a, b in zip(tok(name), base) if a and b]
+                cells.append(f"{statistics.median(ratios):.2f}x ({min(ratios):.2f}-{max(ratios):.2f})" if ratios else "-")
+            rate = statistics.median(r["flash_bytes_per_token"] * r["decode_tok_s"] / 1e6 for r in runs)
+            print(f"| {model} | {fraction:.0%} | {name} | {cells[0]} | {cells[1]} | {rate:.0f} |")
 
 
 def window_sweep(args: argparse.Namespace) -> None:
