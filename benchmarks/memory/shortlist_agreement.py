@@ -3,6 +3,8 @@
 The shortlist head computes exact logits for the N most frequent calibration tokens and -inf for
 the rest, so its top-1 equals the full head's exactly when the full top-1 is among those N. This
 script measures that on the held-out Shakespeare split (which calibration never saw), for several N.
+It also scores the q8_0 KV cache (`kv_cache="q8_0"`), alone and with the 8192-token shortlist: how
+often that run's top-1 equals the f16 cache's full-head top-1.
 
   python benchmarks/memory/shortlist_agreement.py                   # both models, N = 2048..32768
   python benchmarks/memory/shortlist_agreement.py --tokens 4096
@@ -30,16 +32,25 @@ def agreement(bundle: Path, tokens: int) -> dict[int, float]:
     from edgeflash.export.text import token_windows
 
     model = ef.load(bundle)
+    q8 = ef.load(bundle, kv_cache="q8_0")
     ids = np.asarray(model.source.info["manifest"]["calibration"]["token_frequencies"]["ids"], dtype=np.int64)
     rank = np.full(model.spec.vocab_size, np.iinfo(np.int64).max)
     rank[ids] = np.arange(len(ids))  # a token's place in the frequency list
-    tops = []
+    tops, q8_tops, q8_shortlist_tops = [], [], []
+    shortlist = np.zeros(model.spec.vocab_size, dtype=bool)
+    shortlist[ids[:8192]] = True
     for window in token_windows(model.tokenizer, heldout_text(), tokens, WINDOW, "held-out"):
         model.engine.reset()
-        logits = model.engine.forward(window, all_logits=True)
-        tops.append(np.argmax(logits, axis=-1))
+        tops.append(np.argmax(model.engine.forward(window, all_logits=True), axis=-1))
+        q8.engine.reset()
+        logits = q8.engine.forward(window, all_logits=True)
+        q8_tops.append(np.argmax(logits, axis=-1))
+        q8_shortlist_tops.append(np.argmax(np.where(shortlist, logits, -np.inf), axis=-1))
     top = np.concatenate(tops)
-    return {n: float(np.mean(rank[top] < n)) for n in SIZES if n <= len(ids)} | {"positions": int(top.size)}
+    return {n: float(np.mean(rank[top] < n)) for n in SIZES if n <= len(ids)} | {
+        "positions": int(top.size),
+        "kv_q8": float(np.mean(np.concatenate(q8_tops) == top)),
+        "kv_q8_shortlist_8192": float(np.mean(np.concatenate(q8_shortlist_tops) == top))}
 
 
 def main() -> None:
@@ -55,10 +66,12 @@ def main() -> None:
         print(f"{model}: {rows[model]}", file=sys.stderr)
     (OUT / "shortlist_agreement.json").write_text(json.dumps(rows, indent=1))
     sizes = [n for n in SIZES if any(n in r for r in rows.values())]
-    print("| model | held-out positions | " + " | ".join(f"top-1 agreement, N={n}" for n in sizes) + " |")
-    print("|---|---|" + "---|" * len(sizes))
+    print("| model | held-out positions | " + " | ".join(f"top-1 agreement, N={n}" for n in sizes)
+          + " | q8_0 KV cache | q8_0 KV + N=8192 |")
+    print("|---|---|" + "---|" * (len(sizes) + 2))
     for model, r in rows.items():
-        print(f"| {model} | {r['positions']} | " + " | ".join(f"{r[n]:.1%}" if n in r else "-" for n in sizes) + " |")
+        print(f"| {model} | {r['positions']} | " + " | ".join(f"{r[n]:.1%}" if n in r else "-" for n in sizes)
+              + f" | {r['kv_q8']:.1%} | {r['kv_q8_shortlist_8192']:.1%} |")
 
 
 if __name__ == "__main__":
