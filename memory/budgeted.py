@@ -16,6 +16,7 @@ from edgeflash.memory.io_profile import best_settings
 from edgeflash.memory.layout import WeightLayout, align_down, align_up, tensor_view_of, weight_layout
 from edgeflash.memory.approximate import ROW_READ_BYTES, ApproximateMode
 from edgeflash.memory.planner import BudgetError, MemoryPlan, group_units, make_plan
+from edgeflash.memory.sizes import format_size
 from edgeflash.runtime.native_engine import NativeEngine
 from edgeflash.runtime.source import ModelSource
 
@@ -23,6 +24,7 @@ from edgeflash.runtime.source import ModelSource
 # (3 x max_batch x rows floats: 3 MiB at 16 tokens and 16384 rows) leave room for weights; the
 # extra passes cost little next to reading the head from flash.
 BUDGETED_HEAD_CHUNK = 4096
+OPENING_PEAK_MARGIN = 1.05  # the opening peak moves by a few hundred KiB between runs
 
 # canonical suffix -> the engine's name for a layer tensor
 LAYER_TARGETS = {
@@ -77,8 +79,11 @@ class BudgetedEngine(NativeEngine):
     def __init__(self, source: ModelSource, *, budget: int, strategy: str = "flash",
                  fixed_costs: dict[str, int] | None = None, io_threads: int | None = None,
                  chunk_bytes: int | None = None, verify: bool = True, sparsity: float | None = None,
-                 window: int = 4, head_shortlist: int | None = None, **options: Any):
+                 window: int = 4, head_shortlist: int | None = None, opening_peak: int = 0, **options: Any):
+        """`opening_peak`: how far RSS rose while the model was opened (tokenizer and metadata
+        built, their temporaries freed): the budget must hold that too."""
         self.budget, self.strategy = budget, strategy
+        self._opening_peak = opening_peak
         self.sparsity, self.window, self.head_shortlist = sparsity, window, head_shortlist
         self._fixed_costs = dict(fixed_costs or {})
         self._io = (io_threads, chunk_bytes)  # None: from `edgeflash probe-io`'s profile, else defaults
@@ -86,6 +91,17 @@ class BudgetedEngine(NativeEngine):
         self._decode_bytes = 0
         self._decode_passes = 0
         super().__init__(source, head_chunk=BUDGETED_HEAD_CHUNK, **options)
+
+    def _check_opening_peak(self, plan_minimum: int) -> None:
+        """Refuse a budget below what opening the model already took, when that is the larger
+        minimum (the plan's own refusal says the rest)."""
+        minimum = int(self._opening_peak * OPENING_PEAK_MARGIN)
+        if self._opening_peak > self.budget and minimum > plan_minimum:
+            raise BudgetError(
+                f"memory budget {format_size(self.budget)} is too small for this model: at least "
+                f"{format_size(minimum)} is needed, as opening it (tokenizer and metadata) alone took "
+                f"{format_size(self._opening_peak)} at its peak, before any weight was loaded; raise --memory-budget",
+                minimum)
 
     def _load_weights(self) -> None:
         spec, source = self.spec, self.source
@@ -98,12 +114,17 @@ class BudgetedEngine(NativeEngine):
         self.layout = layout
         approx = ApproximateMode.configure(self, layout) if (self.sparsity or self.head_shortlist) else None
         self.approx = approx
-        if approx is None:  # exact mode never reads the sparse-mode predictors
-            skip = frozenset(g for g in layout.groups if g.endswith(".predictor"))
-            plan = make_plan(layout, spec, self.budget, self.strategy, fixed, threads, chunk, skip=skip,
-                             head_chunk_limit=self.head_chunk)
-        else:
-            plan = approx.plan(fixed, threads, chunk)
+        try:
+            if approx is None:  # exact mode never reads the sparse-mode predictors
+                skip = frozenset(g for g in layout.groups if g.endswith(".predictor"))
+                plan = make_plan(layout, spec, self.budget, self.strategy, fixed, threads, chunk, skip=skip,
+                                 head_chunk_limit=self.head_chunk)
+            else:
+                plan = approx.plan(fixed, threads, chunk)
+        except BudgetError as error:
+            self._check_opening_peak(error.minimum_bytes or 0)
+            raise
+        self._check_opening_peak(0)
         self.plan = plan
         if not measured and self.strategy == "flash":
             plan.notes.append("I/O settings are defaults; run `edgeflash probe-io` to measure this storage")

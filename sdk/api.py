@@ -87,7 +87,7 @@ def _load_budgeted(path: Path, memory_budget: str | int, engine: str, threads: i
     import gc
 
     from edgeflash.memory.budgeted import BudgetedEngine
-    from edgeflash.memory.rss import current_rss_bytes
+    from edgeflash.memory.rss import current_rss_bytes, peak_rss_bytes, reset_peak_rss
     from edgeflash.memory.sizes import parse_size
 
     budget = parse_size(memory_budget)
@@ -95,6 +95,10 @@ def _load_budgeted(path: Path, memory_budget: str | int, engine: str, threads: i
     if engine == "reference":
         raise UserError("memory_budget needs the native engine (the reference runtime keeps every weight in float32)")
     before = current_rss_bytes()
+    # Building the tokenizer makes temporaries several times the size of what it keeps. They are
+    # freed before any weight loads, but the budget covers loading too, so the plan is told this
+    # peak. (Measuring it resets the process's peak-RSS mark, which restarts at the current RSS.)
+    peak_measured = reset_peak_rss()
     source = open_model(path, verify=False)  # checksums are verified with direct I/O while loading
     # The tokenizer builds its tables on first use: build them now, free what parsing left behind,
     # and count what stays (tokenizer and manifest) as a fixed cost of the budget.
@@ -105,6 +109,7 @@ def _load_budgeted(path: Path, memory_budget: str | int, engine: str, threads: i
     # counts them as pinned weights.
     rewritten = sum(source.tensors[n].nbytes for n in source.info.get("rewritten_tensors", []))
     metadata = max(0, current_rss_bytes() - before - rewritten)
+    opening_peak = peak_rss_bytes() - before if peak_measured else 0
     if context_length is None:
         from edgeflash.memory.planner import default_context
 
@@ -114,7 +119,8 @@ def _load_budgeted(path: Path, memory_budget: str | int, engine: str, threads: i
         from edgeflash.runtime.speculative.budget import speculative_reserve
 
         fixed["speculative"] = speculative_reserve(speculative, source, context_length, kv_cache)
-    engine_ = BudgetedEngine(source, budget=budget, strategy=strategy, fixed_costs=fixed, threads=threads,
+    engine_ = BudgetedEngine(source, budget=budget, strategy=strategy, fixed_costs=fixed, opening_peak=opening_peak,
+                             threads=threads,
                              context_length=context_length, activations=activations, kv_format=kv_cache,
                              max_batch=BUDGETED_MAX_BATCH,
                              **approximate)

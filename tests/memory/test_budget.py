@@ -87,6 +87,30 @@ def test_infeasible_budget_is_refused_with_the_minimum():
         ef.load("smollm2-135m", memory_budget="20MB")
 
 
+OPEN_SCRIPT = textwrap.dedent("""
+    import json, sys
+    import edgeflash as ef
+    try:
+        ef.load(sys.argv[1], memory_budget=sys.argv[2], strategy="naive")
+    except ef.UserError as e:
+        print(json.dumps({"error": str(e), "minimum": e.minimum_bytes}))
+""")
+
+
+def test_budget_below_the_opening_peak_is_refused():
+    """Building the tokenizer peaks far above what it keeps (Gemma 3's GGUF: about 60 MiB while
+    opening, 21 MiB kept). A budget the plan alone would accept but that peak exceeds is refused
+    with the minimum, and a run at that minimum stays inside it (fresh processes: the peak
+    depends on what the process allocated before)."""
+    proc = subprocess.run([sys.executable, "-c", OPEN_SCRIPT, "gemma3-270m", "45MiB"], capture_output=True, text=True,
+                          timeout=600)
+    refusal = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert "opening it (tokenizer and metadata)" in refusal["error"], refusal
+    assert refusal["minimum"] > parse_size("45MiB")
+    out = run_rss("gemma3-270m", refusal["minimum"], strategy="naive", tokens=4)
+    assert out["peak_over_baseline"] <= refusal["minimum"]
+
+
 def test_context_that_does_not_fit_is_refused():
     with pytest.raises(BudgetError, match="kv_cache"):
         ef.load("smollm2-135m", memory_budget="120MB", context_length=8192)
