@@ -185,7 +185,8 @@ def _run(source: Any, out: Path, qconfig: QuantConfig, opts: ExportOptions, conf
     }
     total = report["bundle_bytes"]
     with _ByteBar(total, opts.progress) as progress_bar:
-        manifest = write_bundle(out, blocks, manifest, model.tokenizer.to_json(), overwrite=opts.overwrite,
+        manifest = write_bundle(out, blocks, manifest, model.tokenizer.to_json(), model.tokenizer.tables(),
+                                overwrite=opts.overwrite,
                                 on_progress=progress_bar.update, cleanup_note=lambda m: note(m, opts.progress))
     lap("write")
 

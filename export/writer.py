@@ -29,9 +29,11 @@ from edgeflash.runtime.bundle.layout import (
     MANIFEST_FILE,
     TENSOR_ALIGNMENT,
     TOKENIZER_FILE,
+    TOKENIZER_TABLES_FILE,
     WEIGHTS_FILE,
     align_up,
 )
+from edgeflash.runtime.tokenizer.tokenizer import TABLES_FORMAT
 
 TEMP_MARKER = ".edgeflash-export-in-progress"
 _WRITE_CHUNK = 8 << 20
@@ -124,9 +126,10 @@ def check_output(out: Path, overwrite: bool, what: str = "bundle") -> None:
 
 
 def write_bundle(out: Path, blocks: list[BlockPlan], manifest: dict[str, Any], tokenizer_json: str,
-                 overwrite: bool = False, on_progress: Callable[[int], None] | None = None,
+                 tokenizer_tables: bytes | None = None, overwrite: bool = False, on_progress: Callable[[int], None] | None = None,
                  cleanup_note: Callable[[str], None] | None = None) -> dict[str, Any]:
-    """Write the bundle at `out`; returns the complete manifest (tables filled in)."""
+    """Write the bundle at `out`; returns the complete manifest (tables filled in).
+    `tokenizer_tables`: `Tokenizer.tables()`, so that readers skip building them."""
     out = Path(out)
     check_output(out, overwrite)
     for stale in stale_temp_dirs(out):
@@ -151,6 +154,10 @@ def write_bundle(out: Path, blocks: list[BlockPlan], manifest: dict[str, Any], t
         _write_file(tmp / TOKENIZER_FILE, tok_bytes)
         full = dict(manifest)
         full["tokenizer"] = {"file": TOKENIZER_FILE, "nbytes": len(tok_bytes), "crc32": zlib.crc32(tok_bytes)}
+        if tokenizer_tables is not None:
+            _write_file(tmp / TOKENIZER_TABLES_FILE, tokenizer_tables)
+            full["tokenizer"]["tables"] = {"file": TOKENIZER_TABLES_FILE, "format": TABLES_FORMAT,
+                                           "nbytes": len(tokenizer_tables), "crc32": zlib.crc32(tokenizer_tables)}
         full["weights"] = {"file": WEIGHTS_FILE, "nbytes": weights_nbytes, "block_alignment": BLOCK_ALIGNMENT,
                            "tensor_alignment": TENSOR_ALIGNMENT}
         full["blocks"] = block_table

@@ -23,6 +23,7 @@ from edgeflash.runtime.bundle.layout import (
     MAGIC,
     TENSOR_ALIGNMENT,
     TOKENIZER_FILE,
+    TOKENIZER_TABLES_FILE,
     WEIGHTS_FILE,
 )
 from edgeflash.runtime.formats import FORMATS
@@ -97,6 +98,15 @@ class Manifest:
     weights_nbytes: int
     tokenizer_nbytes: int
     tokenizer_crc32: int
+    tokenizer_tables: TokenizerTables | None = None
+
+
+@dataclass(frozen=True)
+class TokenizerTables:
+    """tokenizer.tables: the tokenizer's compact tables, in the format of the edgeflash that wrote them."""
+    format: int
+    nbytes: int
+    crc32: int
 
 
 class _Checker:
@@ -171,9 +181,17 @@ def parse_manifest(raw: Any, where: Path, weights_size: int) -> Manifest:
             raise c.fail(f"tensors[{i}].name = {tensor.name!r} appears twice")
         tensors[tensor.name] = tensor
     _check_no_overlap(c, blocks, tensors)
+    tables = None
+    if "tables" in tok:
+        t = c.get(tok, "tables", dict, "tokenizer.tables")
+        if c.get(t, "file", str, "tokenizer.tables.file") != TOKENIZER_TABLES_FILE:
+            raise c.fail(f"tokenizer.tables.file = {t['file']!r}: expected {TOKENIZER_TABLES_FILE!r}")
+        tables = TokenizerTables(format=c.non_negative(t, "format", "tokenizer.tables.format"),
+                                 nbytes=c.non_negative(t, "nbytes", "tokenizer.tables.nbytes"),
+                                 crc32=c.non_negative(t, "crc32", "tokenizer.tables.crc32"))
     return Manifest(raw=raw, blocks=blocks, tensors=tensors, weights_nbytes=weights_nbytes,
                     tokenizer_nbytes=c.non_negative(tok, "nbytes", "tokenizer.nbytes"),
-                    tokenizer_crc32=c.non_negative(tok, "crc32", "tokenizer.crc32"))
+                    tokenizer_crc32=c.non_negative(tok, "crc32", "tokenizer.crc32"), tokenizer_tables=tables)
 
 
 def _parse_block(c: _Checker, b: Any, field: str, weights_size: int) -> BlockEntry:

@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 
 from edgeflash.errors import IntegrityError, ModelFormatError
-from edgeflash.runtime.bundle.layout import MANIFEST_FILE, TOKENIZER_FILE, WEIGHTS_FILE
+from edgeflash.runtime.bundle.layout import MANIFEST_FILE, TOKENIZER_FILE, TOKENIZER_TABLES_FILE, WEIGHTS_FILE
 from edgeflash.runtime.bundle.manifest import ArenaEntry, BlockEntry, Manifest, TensorEntry, parse_manifest
 from edgeflash.runtime.spec import ModelSpec
 from edgeflash.runtime.tensors import Tensor
@@ -100,7 +100,7 @@ class Bundle:
     # -- integrity ----------------------------------------------------------------------------------
 
     def verify(self, names: Iterable[str] | None = None) -> None:
-        """Check the CRC-32 of the given blocks (all by default) and of tokenizer.json."""
+        """Check the CRC-32 of the given blocks (all by default) and of the tokenizer's files."""
         for name in names if names is not None else self.blocks:
             block = self.block(name)
             self._check_block(block, self._region(block.offset, block.nbytes))
@@ -110,6 +110,21 @@ class Bundle:
             raise ModelFormatError(f"{self.path}: the bundle has no {TOKENIZER_FILE}")
         if len(data) != self.manifest.tokenizer_nbytes or zlib.crc32(data) != self.manifest.tokenizer_crc32:
             raise IntegrityError(f"{tok}: checksum mismatch ({TOKENIZER_FILE} was modified or truncated)")
+        if self.manifest.tokenizer_tables is not None:
+            self._tokenizer_tables()
+
+    def _tokenizer_tables(self) -> bytes:
+        """tokenizer.tables, checked against the manifest (it is small next to the weights)."""
+        path = self.path / TOKENIZER_TABLES_FILE
+        entry = self.manifest.tokenizer_tables
+        try:
+            data = path.read_bytes()
+        except FileNotFoundError:
+            raise ModelFormatError(f"{self.path}: the manifest lists {TOKENIZER_TABLES_FILE} "
+                                   "but the bundle has none") from None
+        if len(data) != entry.nbytes or zlib.crc32(data) != entry.crc32:
+            raise IntegrityError(f"{path}: checksum mismatch ({TOKENIZER_TABLES_FILE} was modified or truncated)")
+        return data
 
     def verify_tensor(self, name: str, data: Any) -> None:
         """Check bytes read for one tensor (e.g. only the norms at the head of an FFN block)
@@ -193,9 +208,12 @@ class Bundle:
     # -- the rest -----------------------------------------------------------------------------------
 
     def tokenizer(self):
-        from edgeflash.runtime.tokenizer import Tokenizer
+        from edgeflash.runtime.tokenizer.tokenizer import TABLES_FORMAT, Tokenizer
 
-        path = self.path / TOKENIZER_FILE
+        tables = self.manifest.tokenizer_tables
+        if tables is not None and tables.format == TABLES_FORMAT:
+            return Tokenizer.from_tables(self._tokenizer_tables())
+        path = self.path / TOKENIZER_FILE  # no tables, or another version's: build them
         try:
             return Tokenizer.from_dict(json.loads(path.read_text(encoding="utf-8")))
         except FileNotFoundError:

@@ -32,6 +32,10 @@ from .packing import pack, unpack
 from .pre_tokenizers import build_pre_tokenizer
 from .spec import check_spec
 
+# Bump when `_build`'s parts or `packing`'s layout change: bundles carry the tables (`tables()`),
+# and a bundle with another format is read from its tokenizer.json instead.
+TABLES_FORMAT = 1
+
 _ASSEMBLY_LOCK = threading.RLock()  # reentrant: assembling may read attributes it has set
 
 # Spec fields kept in compact form and written back out by `to_dict`.
@@ -205,6 +209,16 @@ class Tokenizer:
         spec["model"] = model
         spec["added_tokens"] = [token.to_dict() for token in self._added]
         return spec
+
+    def tables(self) -> bytes:
+        """The compact tables this tokenizer is assembled from (format `TABLES_FORMAT`), for
+        `from_tables`: a reader then skips building them from the spec."""
+        return _build(self.to_dict())
+
+    @classmethod
+    def from_tables(cls, data: bytes) -> Tokenizer:
+        """A tokenizer from `tables()` output of the same `TABLES_FORMAT`."""
+        return cls._from_packed(data)
 
     def to_json(self) -> str:
         return json.dumps(self.to_dict(), ensure_ascii=False, separators=(",", ":"))

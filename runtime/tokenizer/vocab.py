@@ -12,15 +12,17 @@ offsets array, and text -> id goes through a bucketed hash index:
 There is a bucket for every two tokens: 9 bytes per token for the index, plus 4 for offsets
 and the text itself (about 5 MB in all for Gemma's 262k tokens).
 
-Buckets come from the low bits of Python's own str hash, which is fast, cached on the str and
-stable within a process (the index is rebuilt at every load, never stored). A candidate is
-always checked against its bytes in the blob, so a hash collision cannot give a wrong id.
+Buckets come from the low bits of the CRC-32 of the text's UTF-8, the marks from the next 8 bits:
+computed in C, and the same in every process, so the index can be stored (a bundle's
+tokenizer.tables) instead of rebuilt at every load (Python's str hash is salted per process). A
+candidate is always checked against its bytes in the blob, so a collision cannot give a wrong id.
 numpy builds the arrays; they are kept as `array.array`s, one small object each, whose items
 read back as plain ints quickly.
 """
 
 from __future__ import annotations
 
+import zlib
 from array import array
 from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
@@ -28,6 +30,7 @@ from typing import Any
 import numpy as np
 
 _MARK_BITS = 8
+_MAX_INDEXED = 1 << (32 - _MARK_BITS)  # bucket bits and mark bits must fit the 32 hash bits
 
 
 def _utf8(text: str) -> bytes:
@@ -120,7 +123,11 @@ class Vocabulary:
 
     def find(self, text: str) -> int | None:
         """The largest id whose text is `text`, or None."""
-        code = hash(text)
+        try:  # inlined `_utf8`: this is the tokenizer's innermost loop
+            data = text.encode()
+        except UnicodeEncodeError:
+            data = text.encode("utf-8", "surrogatepass")
+        code = zlib.crc32(data)
         starts = self._starts
         bucket = code & self._bucket_mask
         entry, stop = starts[bucket], starts[bucket + 1]
@@ -128,14 +135,8 @@ class Vocabulary:
             return None
         mark = (code >> self._bucket_bits) & 0xFF
         marks, entry_ids, offsets, blob = self._marks, self._entry_ids, self._offsets, self._blob
-        data = None
         while entry < stop:
             if marks[entry] == mark:
-                if data is None:
-                    try:  # inlined `_utf8`: this is the tokenizer's innermost loop
-                        data = text.encode()
-                    except UnicodeEncodeError:
-                        data = text.encode("utf-8", "surrogatepass")
                 token_id = entry_ids[entry]
                 if blob[offsets[token_id]:offsets[token_id + 1]] == data:
                     return token_id
@@ -144,10 +145,10 @@ class Vocabulary:
 
     def find_all(self, text: str) -> Iterator[int]:
         """Every id whose text is `text`, largest first."""
-        code = hash(text)
+        data = _utf8(text)
+        code = zlib.crc32(data)
         bucket = code & self._bucket_mask
         mark = (code >> self._bucket_bits) & 0xFF
-        data = _utf8(text)
         for entry in range(self._starts[bucket], self._starts[bucket + 1]):
             token_id = self._entry_ids[entry]
             if self._marks[entry] == mark and self._blob[self._offsets[token_id]:self._offsets[token_id + 1]] == data:
@@ -166,10 +167,12 @@ def _hash_index(texts: Sequence[str | None], missing: list[int]) -> dict[str, An
     """The index arrays of `Vocabulary` (see the module docstring)."""
     count = len(texts)
     present = count - len(missing)
+    if present > _MAX_INDEXED:
+        raise ValueError(f"a vocabulary of {present} texts is too large to index (at most {_MAX_INDEXED})")
     bucket_bits = max(1, (max(present, 1) - 1).bit_length() - 1)  # about two entries per bucket
     # One uint64 sort key per token: the bucket (low hash bits) on top, then larger ids first.
-    keys = np.fromiter((hash(text) if text is not None else 0 for text in texts), dtype=np.int64, count=count)
-    keys = keys.view(np.uint64)  # the low bits equal those of Python's (possibly negative) hashes
+    keys = np.fromiter((zlib.crc32(_utf8(text)) if text is not None else 0 for text in texts), dtype=np.uint64,
+                       count=count)
     marks = (keys >> np.uint64(bucket_bits)) & np.uint64((1 << _MARK_BITS) - 1)
     keys &= np.uint64((1 << bucket_bits) - 1)
     keys <<= np.uint64(32)

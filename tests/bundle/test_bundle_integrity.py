@@ -58,6 +58,23 @@ def test_modified_tokenizer_is_detected(bundle_copy):
         load_bundle(bundle_copy)
 
 
+def test_modified_tokenizer_tables_are_detected(bundle_copy):
+    _flip(bundle_copy / "tokenizer.tables", 100)
+    with pytest.raises(IntegrityError, match="tokenizer.tables: checksum mismatch"):
+        load_bundle(bundle_copy)
+    with pytest.raises(IntegrityError, match="tokenizer.tables: checksum mismatch"):
+        Bundle.open(bundle_copy, verify=False).tokenizer()  # checked even when blocks are not
+
+
+def test_tables_of_another_format_fall_back_to_tokenizer_json(bundle_copy):
+    """A bundle written by an edgeflash whose tables differ is read from its tokenizer.json."""
+    text = "Tables of another format: the tokenizer is built from tokenizer.json instead."
+    expected = Bundle.open(bundle_copy, verify=False).tokenizer().encode(text)
+    _edit_manifest(bundle_copy, lambda m: m["tokenizer"]["tables"].update(format=999))
+    (bundle_copy / "tokenizer.tables").write_bytes(b"not tables")  # never read
+    assert load_bundle(bundle_copy, verify=False).tokenizer.encode(text) == expected
+
+
 def test_truncated_weights_are_rejected(bundle_copy):
     weights = bundle_copy / "weights.bin"
     size = weights.stat().st_size

@@ -125,3 +125,30 @@ def test_manifest_has_every_section(tiny_bundle_dir):
     counts = cal["token_frequencies"]["counts"]
     assert counts == sorted(counts, reverse=True)
     assert m["report"]["perplexity"]["exported"] > 1.0
+
+
+TABLES_SCRIPT = """
+import sys
+from edgeflash.runtime.bundle import Bundle
+sys.stdout.buffer.write(Bundle.open(sys.argv[1], verify=False).tokenizer().tables())
+"""
+
+
+def test_tokenizer_tables_are_read_instead_of_built(tiny_bundle_dir):
+    """The bundle carries the tokenizer's tables: opening reads them instead of building them from
+    tokenizer.json, with the same encoding, and they come out byte for byte the same in another
+    process (no per-process hash salt in them)."""
+    import subprocess
+    import sys
+
+    from edgeflash.runtime.tokenizer import Tokenizer
+
+    stored = (tiny_bundle_dir / "tokenizer.tables").read_bytes()
+    other_process = subprocess.run([sys.executable, "-c", TABLES_SCRIPT, str(tiny_bundle_dir)], capture_output=True,
+                                   check=True, timeout=300).stdout
+    assert other_process == stored
+    built = Tokenizer.from_dict(json.loads((tiny_bundle_dir / "tokenizer.json").read_text()))
+    read = Bundle.open(tiny_bundle_dir, verify=False).tokenizer()
+    text = "Opening a bundle reads its tokenizer's tables: 12 ids, naïve café, <|im_start|> and all."
+    assert read.encode(text) == built.encode(text) and len(read.encode(text)) > 10
+    assert read.decode(read.encode(text)) == built.decode(built.encode(text))
