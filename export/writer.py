@@ -126,7 +126,8 @@ def check_output(out: Path, overwrite: bool, what: str = "bundle") -> None:
 
 
 def write_bundle(out: Path, blocks: list[BlockPlan], manifest: dict[str, Any], tokenizer_json: str,
-                 tokenizer_tables: bytes | None = None, overwrite: bool = False, on_progress: Callable[[int], None] | None = None,
+                 tokenizer_tables: bytes | None = None, overwrite: bool = False,
+                 on_progress: Callable[[int], None] | None = None,
                  cleanup_note: Callable[[str], None] | None = None) -> dict[str, Any]:
     """Write the bundle at `out`; returns the complete manifest (tables filled in).
     `tokenizer_tables`: `Tokenizer.tables()`, so that readers skip building them."""

@@ -100,8 +100,8 @@ class BudgetedEngine(NativeEngine):
             raise BudgetError(
                 f"memory budget {format_size(self.budget)} is too small for this model: at least "
                 f"{format_size(minimum)} is needed, as opening it (tokenizer and metadata) alone took "
-                f"{format_size(self._opening_peak)} at its peak, before any weight was loaded; raise --memory-budget",
-                minimum)
+                f"{format_size(self._opening_peak)} at its peak, before any weight was loaded; "
+                "raise --memory-budget", minimum)
 
     def _load_weights(self) -> None:
         spec, source = self.spec, self.source
