@@ -104,26 +104,20 @@ class Bundle:
         for name in names if names is not None else self.blocks:
             block = self.block(name)
             self._check_block(block, self._region(block.offset, block.nbytes))
-        tok = self.path / TOKENIZER_FILE
-        data = tok.read_bytes() if tok.is_file() else None
-        if data is None:
-            raise ModelFormatError(f"{self.path}: the bundle has no {TOKENIZER_FILE}")
-        if len(data) != self.manifest.tokenizer_nbytes or zlib.crc32(data) != self.manifest.tokenizer_crc32:
-            raise IntegrityError(f"{tok}: checksum mismatch ({TOKENIZER_FILE} was modified or truncated)")
-        if self.manifest.tokenizer_tables is not None:
-            self._tokenizer_tables()
+        self._checked_file(TOKENIZER_FILE, self.manifest.tokenizer_nbytes, self.manifest.tokenizer_crc32)
+        tables = self.manifest.tokenizer_tables
+        if tables is not None:
+            self._checked_file(TOKENIZER_TABLES_FILE, tables.nbytes, tables.crc32)
 
-    def _tokenizer_tables(self) -> bytes:
-        """tokenizer.tables, checked against the manifest (it is small next to the weights)."""
-        path = self.path / TOKENIZER_TABLES_FILE
-        entry = self.manifest.tokenizer_tables
+    def _checked_file(self, name: str, nbytes: int, crc32: int) -> bytes:
+        """One of the bundle's small files, checked against the size and CRC-32 the manifest gives."""
+        path = self.path / name
         try:
             data = path.read_bytes()
         except FileNotFoundError:
-            raise ModelFormatError(f"{self.path}: the manifest lists {TOKENIZER_TABLES_FILE} "
-                                   "but the bundle has none") from None
-        if len(data) != entry.nbytes or zlib.crc32(data) != entry.crc32:
-            raise IntegrityError(f"{path}: checksum mismatch ({TOKENIZER_TABLES_FILE} was modified or truncated)")
+            raise ModelFormatError(f"{self.path}: the bundle has no {name}") from None
+        if len(data) != nbytes or zlib.crc32(data) != crc32:
+            raise IntegrityError(f"{path}: checksum mismatch ({name} was modified or truncated)")
         return data
 
     def verify_tensor(self, name: str, data: Any) -> None:
@@ -212,7 +206,7 @@ class Bundle:
 
         tables = self.manifest.tokenizer_tables
         if tables is not None and tables.format == TABLES_FORMAT:
-            return Tokenizer.from_tables(self._tokenizer_tables())
+            return Tokenizer.from_tables(self._checked_file(TOKENIZER_TABLES_FILE, tables.nbytes, tables.crc32))
         path = self.path / TOKENIZER_FILE  # no tables, or another version's: build them
         try:
             return Tokenizer.from_dict(json.loads(path.read_text(encoding="utf-8")))
