@@ -19,6 +19,20 @@ int64_t mtime_ns(const struct stat& st) {
 
 }  // namespace
 
+std::vector<size_t> split_request(size_t n, size_t chunk_bytes) {
+  std::vector<size_t> pieces;
+  if (n == 0) return pieces;
+  const size_t count = (n + chunk_bytes - 1) / chunk_bytes;
+  const size_t pages = (n + kIoAlignment - 1) / kIoAlignment;
+  size_t at = 0;
+  for (size_t i = 0; i < count && at < n; ++i) {  // the first pages % count pieces get one page more
+    const size_t len = (pages / count + (i < pages % count ? 1 : 0)) * kIoAlignment;
+    pieces.push_back(std::min(len, n - at));
+    at += pieces.back();
+  }
+  return pieces;
+}
+
 AlignedBuffer::AlignedBuffer(size_t bytes) : size_(align_up(bytes)) {
   if (size_ == 0) return;
   void* p = nullptr;
@@ -96,9 +110,10 @@ uint64_t DirectReader::submit(int64_t offset, size_t n, uint8_t* dst) {
   std::lock_guard<std::mutex> lock(mu_);
   const uint64_t ticket = next_ticket_++;
   Ticket t;
-  for (size_t at = 0; at < n; at += chunk_bytes_) {
-    const size_t len = std::min(chunk_bytes_, n - at);
+  size_t at = 0;
+  for (const size_t len : split_request(n, chunk_bytes_)) {
     queue_.push_back(Piece{ticket, offset + static_cast<int64_t>(at), len, dst + at});
+    at += len;
     ++t.remaining;
   }
   tickets_.emplace_back(ticket, std::move(t));

@@ -377,6 +377,8 @@ double probe_read(const std::string& path, bool direct, int threads, int64_t chu
 }
 
 void register_engine(nb::module_& m) {
+  m.def("read_pieces", &memory::split_request, nb::arg("n"), nb::arg("chunk_bytes"),
+        "The byte counts a streamed read of n bytes is split into, one per I/O request.");
   m.def("probe_read", &probe_read, nb::arg("path"), nb::arg("direct"), nb::arg("threads"), nb::arg("chunk"),
         nb::arg("offset"), nb::arg("total"));
   nb::class_<PyEngine>(m, "Engine")

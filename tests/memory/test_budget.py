@@ -68,6 +68,23 @@ def test_streamed_units_are_split_across_the_io_threads():
     assert m.engine.plan.io.chunk_bytes * m.engine.plan.io.threads >= unit
 
 
+def test_streamed_reads_are_split_into_equal_pieces():
+    """A request is read in as few pieces as the read size allows, all within a page of each
+    other, so no I/O thread finishes long before the others (a 1.47 MB head chunk against 1.1 MB
+    reads was one full read and a third of one)."""
+    from edgeflash.kernels._native import read_pieces
+
+    assert read_pieces(1_474_560, 1_110_016) == [737_280, 737_280]
+    for n, chunk in [(1_474_560, 1_110_016), (1_499_136, 749_568), (10 * 4096, 4 * 4096), (5000, 4096),
+                     (64 << 20, 1 << 20), (3 * 4096 + 1, 8192)]:
+        pieces = read_pieces(n, chunk)
+        assert sum(pieces) == n and max(pieces) <= chunk, (n, chunk, pieces)
+        assert len(pieces) == -(-n // chunk), (n, chunk, pieces)
+        assert all(p % 4096 == 0 for p in pieces[:-1]), (n, chunk, pieces)
+        assert max(pieces) - min(pieces) <= 4096, (n, chunk, pieces)
+    assert read_pieces(0, 4096) == []
+
+
 def test_spare_budget_deepens_prefetch():
     """Budget no weight group fits in becomes staging slots, so reads run further ahead; never
     past the budget, and none left over that would hold one more slot."""
