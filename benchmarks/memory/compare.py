@@ -30,6 +30,9 @@ REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "benchmarks"))
 from bench_bundles import ensure_bundle
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import read_ceiling
+
 OUT = REPO / "bench-out" / "memory"
 MODELS = ("gemma3-270m", "smollm2-135m")
 PROMPT = "The history of the lighthouse keepers on this coast begins"
@@ -50,15 +53,18 @@ RUN = textwrap.dedent("""
     from edgeflash.memory.rss import current_rss_bytes, peak_rss_bytes, reset_peak_rss
     bundle, budget, options, tokens, prompt = sys.argv[1], int(sys.argv[2]), json.loads(sys.argv[3]), int(sys.argv[4]), sys.argv[5]
     reset_peak_rss(); before = current_rss_bytes()
-    try:
-        m = ef.load(bundle, memory_budget=budget, context_length=256, **options)
+    try:  # budget 0: the unbudgeted engine, for its compute time a token
+        m = ef.load(bundle, memory_budget=budget or None, context_length=256, **options)
     except ef.UserError as e:
         print(json.dumps({"error": str(e)})); sys.exit(0)
     r = m.generate(prompt, max_tokens=tokens)
     s = r.stats
-    print(json.dumps({"decode_tok_s": s["decode_tok_s"], "prefill_tok_s": s["prefill_tok_s"],
-                      "flash_bytes_per_token": s["flash_bytes_per_token"], "io_wait_share": s.get("io_wait_share"),
-                      "peak_over_baseline": peak_rss_bytes() - before, "planned": s["planned_bytes"],
+    plan = getattr(m.engine, "plan", None)
+    io = plan and {"threads": plan.io.threads, "chunk_bytes": plan.io.chunk_bytes,
+                   "unit": plan.staging_bytes // plan.io.slots if plan.io.slots else 0}
+    print(json.dumps({"decode_tok_s": s["decode_tok_s"], "prefill_tok_s": s["prefill_tok_s"], "io": io,
+                      "flash_bytes_per_token": s.get("flash_bytes_per_token", 0), "io_wait_share": s.get("io_wait_share"),
+                      "peak_over_baseline": peak_rss_bytes() - before, "planned": s.get("planned_bytes"),
                       "neuron_cache_hit_rate": s.get("neuron_cache_hit_rate"), "tokens": r.tokens,
                       "generated": s["generated_tokens"]}))
 """)
@@ -91,7 +97,9 @@ def compare(args: argparse.Namespace) -> None:
               file=sys.stderr)
         for fraction in (0.5, 0.25):
             plan.append((model, bundle, fraction, int((exact + approx) * fraction)))
+    ceilings: dict[tuple, list[dict]] = {}
     for round_no in range(args.rounds):
+        compute_s = {}
         for model, bundle, fraction, budget in plan:
             shift = round_no % len(args.configs)
             for name in args.configs[shift:] + args.configs[:shift]:
@@ -99,7 +107,15 @@ def compare(args: argparse.Namespace) -> None:
                 results.setdefault((model, fraction, name), []).append(r)
                 print(f"round {round_no} {model} {fraction:.0%} {name}: "
                       f"{r.get('error') or str(r['decode_tok_s']) + ' tok/s'}", file=sys.stderr)
-    (OUT / "compare.json").write_text(json.dumps({f"{k[0]}|{k[1]}|{k[2]}": v for k, v in results.items()}))
+            if args.ceiling and "hybrid" in args.configs:
+                if model not in compute_s:
+                    unbudgeted = run(bundle, 0, {}, args.tokens)
+                    compute_s[model] = 1 / unbudgeted["decode_tok_s"] if "error" not in unbudgeted else 0.0
+                c = round_ceiling(bundle, {n: results[(model, fraction, n)][-1] for n in args.configs}, compute_s[model])
+                if c:
+                    ceilings.setdefault((model, fraction), []).append(c)
+    (OUT / "compare.json").write_text(json.dumps({**{f"{k[0]}|{k[1]}|{k[2]}": v for k, v in results.items()},
+                                                  **{f"ceiling|{k[0]}|{k[1]}": v for k, v in ceilings.items()}}))
     print("| model | budget | config | decode tok/s | vs naive | vs hybrid | flash MB/token | I/O wait | "
           "peak RSS MB (budget) | greedy = exact |")
     print("|" + "---|" * 10)
@@ -123,6 +139,47 @@ def compare(args: argparse.Namespace) -> None:
                   f"{median(name, 'io_wait_share'):.0%} | {median(name, 'peak_over_baseline') / 1e6:.0f} "
                   f"({budget / 1e6:.0f}) | {same} |" if naive and hybrid else f"| {model} | {name} | {tok} |")
     print_paired(plan, args.configs, results)
+    if ceilings:
+        print_ceilings(plan, ceilings)
+
+
+def round_ceiling(bundle: Path, runs: dict[str, dict], compute_s: float) -> dict | None:
+    """This round's storage rates and, for every flash configuration, the most it could have
+    gained over hybrid (read_ceiling.py); None when hybrid did not run."""
+    hybrid = runs.get("hybrid", {})
+    if "error" in hybrid or not hybrid.get("io"):
+        return None
+    rates = read_ceiling.measure(bundle / "weights.bin", hybrid, runs.get("flash"))
+    rates["compute_s"] = compute_s
+    rates["configs"] = {}
+    for name, r in runs.items():
+        if name.startswith("flash") and "error" not in r:
+            exact = CONFIGS[name] == {"strategy": "flash"}  # same arithmetic as unbudgeted
+            rates["configs"][name] = {
+                "vs_hybrid": r["decode_tok_s"] / hybrid["decode_tok_s"],
+                "ceiling": read_ceiling.ceiling(hybrid["decode_tok_s"], r["flash_bytes_per_token"], rates["best_mb_s"],
+                                                compute_s if exact else 0.0)}
+    return rates
+
+
+def print_ceilings(plan: list, ceilings: dict[tuple, list[dict]]) -> None:
+    """Each flash configuration against the most this storage allowed it, round by round."""
+    print("\n| model | budget | storage, median of rounds | config | vs hybrid, per round | ceiling vs hybrid, "
+          "per round | share of the ceiling reached |")
+    print("|" + "---|" * 7)
+    for model, _, fraction, _ in plan:
+        rounds = ceilings.get((model, fraction))
+        if not rounds:
+            continue
+        storage = read_ceiling.summarize(rounds)
+        for name in rounds[0]["configs"]:
+            pairs = [(r["configs"][name]["vs_hybrid"], r["configs"][name]["ceiling"]) for r in rounds
+                     if name in r["configs"]]
+            ratio, ceiling = [p[0] for p in pairs], [p[1] for p in pairs]
+            share = statistics.median(a / c for a, c in pairs)
+            print(f"| {model} | {fraction:.0%} | {storage} | {name} | {statistics.median(ratio):.2f}x "
+                  f"({min(ratio):.2f}-{max(ratio):.2f}) | {statistics.median(ceiling):.2f}x "
+                  f"({min(ceiling):.2f}-{max(ceiling):.2f}) | {share:.0%} |")
 
 
 def print_paired(plan: list, configs: list[str], results: dict[tuple, list[dict]]) -> None:
@@ -235,6 +292,8 @@ def main() -> None:
     p.add_argument("--configs", nargs="+", default=list(CONFIGS), choices=list(CONFIGS))
     p.add_argument("--rounds", type=int, default=2)
     p.add_argument("--tokens", type=int, default=48)
+    p.add_argument("--no-ceiling", dest="ceiling", action="store_false",
+                   help="skip measuring, each round, the most this storage allows over hybrid (read_ceiling.py)")
     p.add_argument("--window-sweep", action="store_true")
     p.add_argument("--long", action="store_true")
     args = p.parse_args()
