@@ -4,7 +4,9 @@ over rounds so load on this shared machine hits all alike. Each round starts the
 configurations one place further on: the virtual disk's host caches what was read last, so no
 configuration should always run right after another. Besides medians of tok/s, the ratios are
 given as the median over rounds of each round's own ratio. Reads use direct I/O: they go to the
-storage (or the host's cache), not the guest's page cache.
+storage (or the host's cache), not the guest's page cache. After each model and budget, the round
+measures the storage's read rates and, from them, the most each flash configuration could have
+gained over hybrid that round (read_ceiling.py); `--no-ceiling` skips it.
 
   python benchmarks/memory/compare.py                        # both models, 2 rounds
   python benchmarks/memory/compare.py --models gemma3-270m --rounds 3 --tokens 64

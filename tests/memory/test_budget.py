@@ -63,6 +63,10 @@ def test_streamed_units_are_split_across_the_io_threads():
     assert threads == 2 and read * threads >= 1_990_000 and read % 4096 == 0
     assert split_reads(1 << 20, 64 << 20, 8, cores=8) == (8, 1 << 20)  # big units: the device's best read
     assert split_reads(1 << 20, 8192, 4, cores=4)[1] == 64 << 10  # never below 64 KiB
+    # Several units in flight: each read whole, one I/O thread per read in flight, up to the depth.
+    assert split_reads(4 << 20, 1 << 20, 8, cores=2, units_in_flight=14) == (8, 1 << 20)
+    assert split_reads(1 << 20, 3 << 20, 8, cores=2, units_in_flight=2) == (6, 1 << 20)
+    assert split_reads(4 << 20, 2 << 20, 8, cores=2, units_in_flight=2) == (2, 2 << 20)
     m = ef.load("smollm2-135m", memory_budget="60MB", context_length=256)
     unit = m.engine.plan.staging_bytes // m.engine.plan.io.slots
     assert m.engine.plan.io.chunk_bytes * m.engine.plan.io.threads >= unit
