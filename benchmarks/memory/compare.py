@@ -158,10 +158,13 @@ def round_ceiling(bundle: Path, runs: dict[str, dict], compute_s: float) -> dict
         if name.startswith("flash") and "error" not in r:
             exact = CONFIGS[name] == {"strategy": "flash"}  # same arithmetic as unbudgeted
             rates["configs"][name] = {
-                "vs_hybrid": r["decode_tok_s"] / hybrid["decode_tok_s"],
+                "vs_hybrid": r["decode_tok_s"] / hybrid["decode_tok_s"], "bytes_per_token": r["flash_bytes_per_token"],
                 "ceiling": read_ceiling.ceiling(hybrid["decode_tok_s"], r["flash_bytes_per_token"], rates["best_mb_s"],
                                                 compute_s if exact else 0.0)}
     return rates
+
+
+READS_NOTHING = 100_000  # bytes a token: an embedding row's page, no weights
 
 
 def print_ceilings(plan: list, ceilings: dict[tuple, list[dict]]) -> None:
@@ -175,6 +178,9 @@ def print_ceilings(plan: list, ceilings: dict[tuple, list[dict]]) -> None:
             continue
         storage = read_ceiling.summarize(rounds)
         for name in rounds[0]["configs"]:
+            if rounds[0]["configs"][name]["bytes_per_token"] < READS_NOTHING:
+                print(f"| {model} | {fraction:.0%} | {storage} | {name} | | reads nothing: bound by compute alone | |")
+                continue
             pairs = [(r["configs"][name]["vs_hybrid"], r["configs"][name]["ceiling"]) for r in rounds
                      if name in r["configs"]]
             ratio, ceiling = [p[0] for p in pairs], [p[1] for p in pairs]
