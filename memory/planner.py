@@ -92,6 +92,11 @@ class MemoryPlan:
         return sum(self.fixed.values())
 
     @property
+    def unit_bytes(self) -> int:
+        """One staging slot: the largest unit a pass streams."""
+        return self.staging_bytes // self.io.slots if self.io.slots else 0
+
+    @property
     def total(self) -> int:
         return self.fixed_bytes + self.resident_bytes + self.staging_bytes
 
@@ -145,7 +150,7 @@ def _deepen_prefetch(plan: MemoryPlan) -> MemoryPlan:
     process, 6 rounds interleaved). Residency is decided first, so this never streams more."""
     if not plan.io.prefetch or not plan.staging_bytes:
         return plan
-    unit = plan.staging_bytes // plan.io.slots
+    unit = plan.unit_bytes
     extra = min((plan.budget - plan.total) // unit, MAX_PREFETCH_SLOTS - plan.io.slots)
     if extra > 0:
         plan.io.slots += extra
@@ -156,8 +161,8 @@ def _deepen_prefetch(plan: MemoryPlan) -> MemoryPlan:
 def _shape_reads(plan: MemoryPlan, threads: int, chunk_bytes: int) -> MemoryPlan:
     """The streamed reads' size and I/O threads, once the slots are known (`split_reads`)."""
     if plan.io.prefetch:
-        unit = plan.staging_bytes // plan.io.slots
-        plan.io.threads, plan.io.chunk_bytes = split_reads(chunk_bytes, unit, threads, units_in_flight=plan.io.slots - 1)
+        plan.io.threads, plan.io.chunk_bytes = split_reads(chunk_bytes, plan.unit_bytes, threads,
+                                                           units_in_flight=plan.io.slots - 1)
     return plan
 
 

@@ -62,8 +62,7 @@ RUN = textwrap.dedent("""
     r = m.generate(prompt, max_tokens=tokens)
     s = r.stats
     plan = getattr(m.engine, "plan", None)
-    io = plan and {"threads": plan.io.threads, "chunk_bytes": plan.io.chunk_bytes,
-                   "unit": plan.staging_bytes // plan.io.slots if plan.io.slots else 0}
+    io = plan and {"threads": plan.io.threads, "chunk_bytes": plan.io.chunk_bytes, "unit": plan.unit_bytes}
     print(json.dumps({"decode_tok_s": s["decode_tok_s"], "prefill_tok_s": s["prefill_tok_s"], "io": io,
                       "flash_bytes_per_token": s.get("flash_bytes_per_token", 0), "io_wait_share": s.get("io_wait_share"),
                       "peak_over_baseline": peak_rss_bytes() - before, "planned": s.get("planned_bytes"),

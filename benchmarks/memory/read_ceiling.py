@@ -28,26 +28,26 @@ REPEATS = 8
 PARALLEL_SHAPES = ((2, 2 << 20), (4, 1 << 20), (8, 256 << 10))
 
 
-def read_rate(weights: Path, bytes_per_token: int, threads: int, chunk: int) -> float:
-    """MB/s reading `bytes_per_token` of `weights` REPEATS times with `threads` reads of `chunk` in flight."""
+def read_rate(weights: Path, direct: bool, total: int, threads: int, chunk: int) -> float:
+    """MB/s reading `total` bytes of `weights` REPEATS times with `threads` reads of `chunk` in flight."""
     from edgeflash.kernels import _native
-    from edgeflash.memory.budgeted import open_direct
 
-    fd, direct = open_direct(weights)
-    os.close(fd)
-    total = max(4096, min(bytes_per_token, weights.stat().st_size) // 4096 * 4096)
     seconds = sum(_native.probe_read(str(weights), direct, threads, align_up(chunk), 0, total) for _ in range(REPEATS))
     return REPEATS * total / seconds / 1e6
 
 
 def measure(weights: Path, hybrid: dict, flash: dict | None) -> dict:
     """One round's rates: `hybrid`/`flash` are run results carrying the plan's I/O shape."""
-    b = int(hybrid["flash_bytes_per_token"])
-    single = read_rate(weights, b, 1, hybrid["io"]["unit"])
+    from edgeflash.memory.budgeted import open_direct
+
+    fd, direct = open_direct(weights)
+    os.close(fd)
+    total = max(4096, min(int(hybrid["flash_bytes_per_token"]), weights.stat().st_size) // 4096 * 4096)
+    single = read_rate(weights, direct, total, 1, hybrid["io"]["unit"])
     shapes = list(PARALLEL_SHAPES)
     if flash and "io" in flash:
         shapes.insert(0, (flash["io"]["threads"], flash["io"]["chunk_bytes"]))
-    parallel = {f"{t} x {c >> 10} KiB": read_rate(weights, b, t, c) for t, c in shapes}
+    parallel = {f"{t} x {c >> 10} KiB": read_rate(weights, direct, total, t, c) for t, c in shapes}
     return {"single_mb_s": single, "parallel_mb_s": parallel, "best_mb_s": max(parallel.values())}
 
 
