@@ -1,12 +1,13 @@
 """Budgeted runs side by side: naive vs hybrid vs flash, exact and approximate, at 50% and 25% of
 each model's bundle, every configuration in its own process (peak RSS is per run), interleaved
-over rounds so load on this shared machine hits all alike. Each round starts the list of
-configurations one place further on: the virtual disk's host caches what was read last, so no
-configuration should always run right after another. Besides medians of tok/s, the ratios are
-given as the median over rounds of each round's own ratio. Reads use direct I/O: they go to the
-storage (or the host's cache), not the guest's page cache. After each model and budget, the round
-measures the storage's read rates and, from them, the most each flash configuration could have
-gained over hybrid that round (read_ceiling.py); `--no-ceiling` skips it.
+over rounds so load on this shared machine hits all alike. Each round runs the configurations in
+its own shuffled order, seeded by the round, model and budget: the virtual disk's host may cache
+what was read last, so no configuration should always run right after another (rotating the list
+would keep each configuration behind the same neighbour). Besides medians of tok/s, the ratios
+are given as the median over rounds of each round's own ratio. Reads use direct I/O: they go to
+the storage (or the host's cache), not the guest's page cache. After each model and budget, the
+round measures the storage's read rates and, from them, the most each flash configuration could
+have gained over hybrid that round (read_ceiling.py); `--no-ceiling` skips it.
 
   python benchmarks/memory/compare.py                        # both models, 2 rounds
   python benchmarks/memory/compare.py --models gemma3-270m --rounds 3 --tokens 64
@@ -22,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import random
 import statistics
 import subprocess
 import sys
@@ -102,8 +104,7 @@ def compare(args: argparse.Namespace) -> None:
     for round_no in range(args.rounds):
         compute_s = {}
         for model, bundle, fraction, budget in plan:
-            shift = round_no % len(args.configs)
-            for name in args.configs[shift:] + args.configs[:shift]:
+            for name in random.Random(f"{round_no}|{model}|{fraction}").sample(args.configs, len(args.configs)):
                 r = run(bundle, budget, CONFIGS[name], args.tokens)
                 results.setdefault((model, fraction, name), []).append(r)
                 print(f"round {round_no} {model} {fraction:.0%} {name}: "
