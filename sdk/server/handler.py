@@ -73,6 +73,20 @@ class Handler(BaseHTTPRequestHandler):
     def do_OPTIONS(self) -> None:
         self._handle(self._method_not_allowed)
 
+    def handle_one_request(self) -> None:
+        # A kept-alive client may hang up (or reset) while the server waits for its next request
+        # line: the base class would let that escape to socketserver, which prints a traceback.
+        try:
+            super().handle_one_request()
+        except ConnectionError:
+            self.close_connection = True
+
+    def finish(self) -> None:
+        try:
+            super().finish()  # flushes the last response, which a client that left cannot take
+        except ConnectionError:
+            pass
+
     def _handle(self, route: Any) -> None:
         self.app.request_started()
         try:

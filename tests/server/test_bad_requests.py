@@ -6,6 +6,9 @@ from __future__ import annotations
 import http.client
 import json
 import socket
+import struct
+import sys
+import threading
 import time
 
 import openai
@@ -166,6 +169,32 @@ def test_client_disconnect_mid_stream_frees_the_worker(served, oracle):
     status, _, got = request(served.url, "POST", COMPLETIONS, {"prompt": "The sky is", "max_tokens": 4})
     assert status == 200
     assert got["choices"][0]["text"] == oracle.generate("The sky is", 4).text
+
+
+def connection_threads() -> int:
+    return sum(1 for t in threading.enumerate() if "process_request_thread" in t.name)
+
+
+def test_client_reset_between_requests_is_not_a_server_error(served, monkeypatch):
+    """A kept-alive client that resets its connection while the server waits for its next request
+    is leaving, not failing: nothing reaches socketserver's error handler (which prints a traceback)."""
+    errors = []
+    monkeypatch.setattr(served.httpd, "handle_error", lambda request, address: errors.append(sys.exc_info()[1]))
+    threads_before = connection_threads()
+    sock = socket.create_connection(("127.0.0.1", served.port), timeout=60)
+    sock.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n")
+    response = sock.makefile("rb")  # the whole response, so the server is back to waiting
+    assert response.readline().startswith(b"HTTP/1.1 200")
+    headers = dict(line.decode().strip().lower().split(": ", 1) for line in iter(response.readline, b"\r\n"))
+    json.loads(response.read(int(headers["content-length"])))
+    response.close()
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))  # close with a reset
+    sock.close()
+    deadline = time.monotonic() + 30
+    while connection_threads() > threads_before and time.monotonic() < deadline:
+        time.sleep(0.02)  # until the connection's thread has seen the reset and ended
+    assert connection_threads() <= threads_before, "the reset connection's thread is still running"
+    assert errors == []
 
 
 def test_health_after_all_errors(served):
