@@ -23,6 +23,7 @@ import torch
 from edgeflash.export.forward import final_hidden, head_tensor
 from edgeflash.export.ops import RecordingOps, activation
 from edgeflash.export.progress import bar
+from edgeflash.runtime.bundle.packed import pack_array
 from edgeflash.runtime.source import ModelSource
 
 
@@ -75,10 +76,12 @@ class Calibration:
             },
             "neurons": {
                 "frequency_sparsity": self.frequency_sparsity,
-                "frequency": [np.round(f, 4).tolist() for f in self.neuron_frequency],
-                "order": [o.tolist() for o in self.neuron_order],
+                # One packed array per layer: layers may differ in width.
+                "frequency": [pack_array(np.round(f, 4), "float32") for f in self.neuron_frequency],
+                "order": [pack_array(o, "int32") for o in self.neuron_order],
             },
-            "token_frequencies": {"ids": self.top_token_ids.tolist(), "counts": self.top_token_counts.tolist(),
+            "token_frequencies": {"ids": pack_array(self.top_token_ids, "int32"),
+                                  "counts": pack_array(self.top_token_counts, "int64"),
                                   "tokens_counted": self.frequency_tokens},
         }
         if self.predictors:

@@ -33,6 +33,7 @@ from edgeflash.runtime.bundle.layout import (
     WEIGHTS_FILE,
     align_up,
 )
+from edgeflash.runtime.bundle.packed import pack_array
 from edgeflash.runtime.tokenizer.tokenizer import TABLES_FORMAT
 
 TEMP_MARKER = ".edgeflash-export-in-progress"
@@ -211,7 +212,7 @@ def _write_weights(path: Path, placed: list[_Placed], on_progress: Callable[[int
                 arena = {"layer": a.layer, "n_neurons": int(a.data.shape[0]), "d_model": a.d_model,
                          "stride": a.stride, "offset": p.arena_offset,
                          "parts": [{"name": n, "format": f, "offset": o, "nbytes": nb} for n, f, o, nb in a.parts],
-                         "order": a.order.tolist()}
+                         "order": pack_array(a.order, "int32")}
             emit(memoryview(bytes(p.nbytes - written)))
             block_table.append({"name": p.plan.name, "kind": p.plan.kind, "layer": p.plan.layer, "offset": p.offset,
                                 "nbytes": p.nbytes, "data_nbytes": p.data_nbytes, "crc32": crc, "tensors": names,

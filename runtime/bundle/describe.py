@@ -4,9 +4,16 @@ from __future__ import annotations
 
 from typing import Any
 
+from edgeflash.runtime.bundle.packed import is_packed
+
 
 def _mib(n: int | None) -> str:
     return "-" if n is None else f"{n / 2**20:.1f} MiB"
+
+
+def _length(values: Any) -> int:
+    """How many values an array of the manifest has: packed (as written) or a list or array."""
+    return values["shape"][0] if is_packed(values) else len(values)
 
 
 def summary(manifest: dict[str, Any]) -> dict[str, Any]:
@@ -24,7 +31,7 @@ def summary(manifest: dict[str, Any]) -> dict[str, Any]:
                     **({"arena": {k: v for k, v in b["arena"].items() if k != "order"}} if b.get("arena") else {})}
                    for b in blocks],
         "calibration": {k: v for k, v in calib.items() if k not in ("neurons", "token_frequencies")} | {
-            "top_tokens": len(calib.get("token_frequencies", {}).get("ids", []))},
+            "top_tokens": _length(calib.get("token_frequencies", {}).get("ids", []))},
         "report": {k: v for k, v in manifest.get("report", {}).items() if k != "tensors"},
     }
 
@@ -81,7 +88,7 @@ def render(manifest: dict[str, Any], blocks: bool = True, tensors: bool = False)
             lines.append(f"  predictors rank {pred['rank']}: recall {sum(rec) / len(rec):.3f}, precision "
                          f"{sum(prec) / len(prec):.3f} (mean over layers, held-out calibration tokens)")
         tf = calib.get("token_frequencies", {})
-        lines.append(f"  self-draft vocabulary: top {len(tf.get('ids', []))} tokens of {tf.get('tokens_counted')} "
+        lines.append(f"  self-draft vocabulary: top {_length(tf.get('ids', []))} tokens of {tf.get('tokens_counted')} "
                      "counted")
     lines += [""] + render_report(manifest.get("report", {}), tensors=tensors)
     return "\n".join(lines)

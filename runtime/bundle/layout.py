@@ -11,7 +11,9 @@ from __future__ import annotations
 import re
 
 MAGIC = "edgeflash-bundle"
-FORMAT_VERSION = 1
+# 2: long numeric arrays in the manifest (calibration, arena orders) are packed (packed.py).
+# Version 1 bundles read as before.
+FORMAT_VERSION = 2
 MANIFEST_FILE = "manifest.json"
 TOKENIZER_FILE = "tokenizer.json"
 # The same tokenizer as the tables this version of edgeflash builds from it, so that opening a bundle

@@ -26,6 +26,7 @@ from edgeflash.runtime.bundle.layout import (
     TOKENIZER_TABLES_FILE,
     WEIGHTS_FILE,
 )
+from edgeflash.runtime.bundle.packed import unpack_array
 from edgeflash.runtime.formats import FORMATS
 
 
@@ -149,7 +150,7 @@ def parse_manifest(raw: Any, where: Path, weights_size: int) -> Manifest:
     version = c.get(raw, "format_version", int, "format_version")
     if version > FORMAT_VERSION or version < 1:
         raise UnsupportedModelError(f"{where}: bundle format version {version} is not supported by this edgeflash "
-                                    f"(it reads version {FORMAT_VERSION}); re-export the model or upgrade")
+                                    f"(it reads versions 1 to {FORMAT_VERSION}); re-export the model or upgrade")
     weights = c.get(raw, "weights", dict, "weights")
     if c.get(weights, "file", str, "weights.file") != WEIGHTS_FILE:
         raise c.fail(f"weights.file = {weights['file']!r}: expected {WEIGHTS_FILE!r}")
@@ -253,7 +254,10 @@ def _parse_arena(c: _Checker, a: Any, field: str, block: str, data_nbytes: int) 
         parts.append(part)
     if sorted(p.name for p in parts) != ["down", "gate", "up"]:
         raise c.fail(f"{field}.parts must be gate, up and down, got {[p.name for p in parts]}")
-    order = np.asarray(c.get(a, "order", list, f"{field}.order"))
+    try:
+        order = unpack_array(c.get(a, "order", (list, dict), f"{field}.order"), f"{field}.order")
+    except ValueError as e:
+        raise c.fail(str(e)) from None
     if order.shape != (n,) or (n and not np.issubdtype(order.dtype, np.integer)) or \
             not np.array_equal(np.sort(order), np.arange(n)):
         raise c.fail(f"{field}.order must be a permutation of 0..{n - 1}")

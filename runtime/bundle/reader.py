@@ -25,6 +25,7 @@ import numpy as np
 from edgeflash.errors import IntegrityError, ModelFormatError
 from edgeflash.runtime.bundle.layout import MANIFEST_FILE, TOKENIZER_FILE, TOKENIZER_TABLES_FILE, WEIGHTS_FILE
 from edgeflash.runtime.bundle.manifest import ArenaEntry, BlockEntry, Manifest, TensorEntry, parse_manifest
+from edgeflash.runtime.bundle.packed import is_packed, unpack_array
 from edgeflash.runtime.spec import ModelSpec
 from edgeflash.runtime.tensors import Tensor
 
@@ -56,7 +57,7 @@ class Bundle:
             raise ModelFormatError(f"{path}: the bundle has no {WEIGHTS_FILE}")
         size = weights_path.stat().st_size
         manifest = parse_manifest(raw, manifest_path, size)
-        _compact_calibration(raw)
+        _compact_calibration(raw, manifest_path)
         weights_map = None
         if size:
             with open(weights_path, "rb") as f:
@@ -226,10 +227,10 @@ def _arena_view(arena: ArenaEntry, block_bytes: memoryview) -> np.ndarray:
     return raw.reshape(arena.n_neurons, arena.stride)
 
 
-def _compact_calibration(raw: dict[str, Any]) -> None:
-    """Per-neuron and per-token calibration lists (and arena orders) as packed arrays: as JSON
-    lists of Python numbers they cost ~36 bytes a value, several MB of a device's budget for
-    SmolLM2's 46k neurons."""
+def _compact_calibration(raw: dict[str, Any], where: Path) -> None:
+    """Per-neuron and per-token calibration arrays (and arena orders) as `array.array`s, from
+    packed arrays (format 2) or JSON lists (format 1): as Python numbers they would cost ~36 bytes
+    a value, several MB of a device's budget for SmolLM2's 46k neurons."""
     calibration = raw.get("calibration") or {}
     for section, typecodes in (("neurons", {"frequency": "f", "order": "i"}),
                                ("token_frequencies", {"ids": "i", "counts": "q", "frequencies": "f"})):
@@ -238,15 +239,23 @@ def _compact_calibration(raw: dict[str, Any]) -> None:
             continue
         for key, code in typecodes.items():
             if key in part:
-                part[key] = _packed(part[key], code)
-    for block in raw.get("blocks") or []:
+                part[key] = _compacted(part[key], code, f"calibration.{section}.{key}", where)
+    for i, block in enumerate(raw.get("blocks") or []):
         arena = block.get("arena") if isinstance(block, dict) else None
         if isinstance(arena, dict) and "order" in arena:
-            arena["order"] = _packed(arena["order"], "i")
+            arena["order"] = _compacted(arena["order"], "i", f"blocks[{i}].arena.order", where)
 
 
-def _packed(values: Any, code: str) -> Any:
-    """A list (or list of lists) of numbers as array(code); anything else as it was."""
+def _compacted(values: Any, code: str, field: str, where: Path) -> Any:
+    """A packed array or a list (of lists) of numbers as array(code), one per row for 2-D."""
+    if is_packed(values):
+        try:
+            a = unpack_array(values, field).astype(code)  # numpy reads array typecodes alike
+        except ValueError as e:
+            raise ModelFormatError(f"{where}: {e}") from None
+        return [array(code, row.tobytes()) for row in a] if a.ndim == 2 else array(code, a.ravel().tobytes())
+    if isinstance(values, list) and values and is_packed(values[0]):  # one packed array per row
+        return [_compacted(row, code, f"{field}[{i}]", where) for i, row in enumerate(values)]
     try:
         if isinstance(values, list) and values and isinstance(values[0], list):
             return [array(code, row) for row in values]

@@ -9,6 +9,7 @@ import pytest
 
 from edgeflash.errors import IntegrityError, ModelFormatError, UnsupportedModelError
 from edgeflash.runtime.bundle import Bundle, load_bundle
+from edgeflash.runtime.bundle.packed import is_packed, pack_array, unpack_array
 
 
 def _flip(path, offset: int) -> None:
@@ -98,6 +99,10 @@ def _block(m, name):
     return next(b for b in m["blocks"] if b["name"] == name)
 
 
+def _arena(m):
+    return _block(m, "layer.0.neurons")["arena"]
+
+
 @pytest.mark.parametrize("edit,error,fragment", [
     (lambda m: m.update(magic="gguf-bundle"), ModelFormatError, "not an edgeflash bundle"),
     (lambda m: m.update(format_version=99), UnsupportedModelError, "bundle format version 99 is not supported"),
@@ -118,9 +123,16 @@ def _block(m, name):
     (lambda m: _tensor(m, "blk.0.ffn_up.weight").update(format="q9_9"), ModelFormatError, "'q9_9' is not a known"),
     (lambda m: _tensor(m, "blk.0.ffn_up.weight").update(block="nowhere"), ModelFormatError,
      "block 'nowhere' is not in the block table"),
-    (lambda m: _block(m, "layer.0.neurons")["arena"].update(order=[0] * len(_block(m, "layer.0.neurons")["arena"]["order"])),
-     ModelFormatError,
+    (lambda m: _arena(m).update(order=pack_array([0] * _arena(m)["n_neurons"], "int32")), ModelFormatError,
      "order must be a permutation"),
+    (lambda m: _arena(m).update(order=[0] * _arena(m)["n_neurons"]), ModelFormatError,  # format 1: a plain list
+     "order must be a permutation"),
+    (lambda m: _arena(m)["order"].update(base64=_arena(m)["order"]["base64"][:-8]), ModelFormatError,
+     r"blocks\[\d+\]\.arena\.order: \d+ bytes do not hold int32 values of shape"),
+    (lambda m: m["calibration"]["neurons"]["frequency"][0].update(dtype="float16"), ModelFormatError,
+     r"calibration\.neurons\.frequency\[0\]\.dtype = 'float16'"),
+    (lambda m: m["calibration"]["token_frequencies"]["ids"].update(base64="not base64!"), ModelFormatError,
+     r"calibration\.token_frequencies\.ids\.base64: not valid base64"),
     (lambda m: _block(m, "layer.0.neurons")["arena"].update(n_neurons=10 ** 6), ModelFormatError,
      "neuron arena of block layer.0.neurons .* runs past the end"),
     (lambda m: m["blocks"].append(dict(_block(m, "globals"), name="globals")), ModelFormatError, "appears twice"),
@@ -141,3 +153,40 @@ def test_not_a_bundle(tmp_path):
         load_bundle(tmp_path)
     with pytest.raises(ModelFormatError, match="no manifest.json"):
         Bundle.open(tmp_path / "elsewhere")
+
+
+def _unpacked(value):
+    """A manifest value with every packed array written out as JSON lists (format 1)."""
+    if is_packed(value):
+        return unpack_array(value, "value").tolist()
+    if isinstance(value, dict):
+        return {k: _unpacked(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_unpacked(v) for v in value]
+    return value
+
+
+def _longest_number_list(value) -> int:
+    if isinstance(value, dict):
+        return max((_longest_number_list(v) for v in value.values()), default=0)
+    if isinstance(value, list):
+        own = len(value) if value and all(isinstance(v, (int, float)) for v in value) else 0
+        return max([own] + [_longest_number_list(v) for v in value])
+    return 0
+
+
+def test_long_arrays_are_packed_and_format_1_lists_still_read(bundle_copy):
+    raw = json.loads((bundle_copy / "manifest.json").read_text())
+    # The tiny model's layers are 96 neurons wide and its token list 64 long: nothing that long
+    # stays a JSON list (each number would be a Python object while the manifest is read).
+    assert _longest_number_list(raw) < 64
+    packed = load_bundle(bundle_copy).info["manifest"]
+    _edit_manifest(bundle_copy, lambda m: m.update(_unpacked(m), format_version=1))
+    assert _longest_number_list(json.loads((bundle_copy / "manifest.json").read_text())) >= 64
+    listed = load_bundle(bundle_copy).info["manifest"]
+    for section, key in (("neurons", "frequency"), ("neurons", "order"), ("token_frequencies", "ids"),
+                         ("token_frequencies", "counts")):
+        a, b = packed["calibration"][section][key], listed["calibration"][section][key]
+        assert type(a) is type(b) and len(a) == len(b) and a == b, (section, key)
+    for pa, pb in zip(packed["blocks"], listed["blocks"]):
+        assert (pa["arena"] or {}).get("order") == (pb["arena"] or {}).get("order")

@@ -10,6 +10,7 @@ import pytest
 
 from edgeflash.export.quantize import sqnr_db
 from edgeflash.runtime.bundle import BLOCK_ALIGNMENT, TENSOR_ALIGNMENT, Bundle, load_bundle
+from edgeflash.runtime.bundle.packed import unpack_array
 from edgeflash.runtime.reference import ReferenceEngine
 from edgeflash.runtime.tensors import dequantize_raw
 
@@ -121,8 +122,9 @@ def test_manifest_has_every_section(tiny_bundle_dir):
     for row in cal["sparsity"]["act_threshold"]:
         assert row == sorted(row) and row[0] > 0  # larger target sparsity, larger threshold
     assert len(cal["predictors"]["recall"]) == n_layers
-    assert 0 < len(cal["token_frequencies"]["ids"]) <= 64
-    counts = cal["token_frequencies"]["counts"]
+    ids = unpack_array(cal["token_frequencies"]["ids"], "ids")
+    assert 0 < len(ids) <= 64
+    counts = unpack_array(cal["token_frequencies"]["counts"], "counts").tolist()
     assert counts == sorted(counts, reverse=True)
     assert m["report"]["perplexity"]["exported"] > 1.0
 

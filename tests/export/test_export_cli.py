@@ -60,13 +60,14 @@ def test_export_inspect_generate(tmp_path, smollm_path):
     assert "quality report" in proc.stdout and "round-to-nearest" in proc.stdout
     summary = json.loads(proc.stdout.strip().splitlines()[-1])
     assert summary["quant"]["scheme"] == "q4_0" and summary["report"]["perplexity"]["exported"] > 1
+    assert "self-draft vocabulary: top 256 tokens" in proc.stdout and summary["calibration"]["top_tokens"] == 256
 
     proc = cli("inspect", str(out))
     assert proc.returncode == 0, proc.stderr
     for fragment in ("layer.29.neurons", "arena 1536 neurons", "perplexity on", "checksums: verified"):
         assert fragment in proc.stdout
     data = json.loads(cli("inspect", str(out), "--json").stdout)
-    assert data["verified"] and data["blocks"][0]["name"] == "embedding"
+    assert data["verified"] and data["blocks"][0]["name"] == "embedding" and data["calibration"]["top_tokens"] == 256
     assert sum(b["nbytes"] for b in data["blocks"]) == data["weights_bytes"]
 
     proc = cli("generate", "-m", str(out), "--engine", "reference", "-p", "Once upon a time", "-n", "8")
