@@ -2,7 +2,7 @@
 
 Per-neuron calibration and arena orders run to ~100k numbers. As JSON lists, parsing them makes a
 Python object per number; freed after compaction, they leave the interpreter's small-object
-arenas fragmented, which measured 3 MiB of RSS for SmolLM2 (2.4 MiB for Gemma 3) that a device's
+arenas fragmented, which measured 2.8 MiB of RSS for SmolLM2 (2.2 MiB for Gemma 3) that a device's
 memory budget then has to pay for. Packed, each array is one string: little-endian values,
 base64, `shape` in numpy order. Readers still take plain lists (bundles of format version 1).
 """
