@@ -57,7 +57,7 @@ class Bundle:
             raise ModelFormatError(f"{path}: the bundle has no {WEIGHTS_FILE}")
         size = weights_path.stat().st_size
         manifest = parse_manifest(raw, manifest_path, size)
-        _compact_calibration(raw, manifest_path)
+        _compact_calibration(raw, manifest, manifest_path)
         weights_map = None
         if size:
             with open(weights_path, "rb") as f:
@@ -227,7 +227,7 @@ def _arena_view(arena: ArenaEntry, block_bytes: memoryview) -> np.ndarray:
     return raw.reshape(arena.n_neurons, arena.stride)
 
 
-def _compact_calibration(raw: dict[str, Any], where: Path) -> None:
+def _compact_calibration(raw: dict[str, Any], manifest: Manifest, where: Path) -> None:
     """Per-neuron and per-token calibration arrays (and arena orders) as `array.array`s, from
     packed arrays (format 2) or JSON lists (format 1): as Python numbers they would cost ~36 bytes
     a value, several MB of a device's budget for SmolLM2's 46k neurons."""
@@ -240,17 +240,16 @@ def _compact_calibration(raw: dict[str, Any], where: Path) -> None:
         for key, code in typecodes.items():
             if key in part:
                 part[key] = _compacted(part[key], code, f"calibration.{section}.{key}", where)
-    for i, block in enumerate(raw.get("blocks") or []):
-        arena = block.get("arena") if isinstance(block, dict) else None
-        if isinstance(arena, dict) and "order" in arena:
-            arena["order"] = _compacted(arena["order"], "i", f"blocks[{i}].arena.order", where)
+    for block in raw["blocks"]:  # parse_manifest has read and checked every arena order already
+        if block.get("arena"):
+            block["arena"]["order"] = array("i", manifest.blocks[block["name"]].arena.order.tobytes())
 
 
 def _compacted(values: Any, code: str, field: str, where: Path) -> Any:
     """A packed array or a list (of lists) of numbers as array(code), one per row for 2-D."""
     if is_packed(values):
         try:
-            a = unpack_array(values, field).astype(code)  # numpy reads array typecodes alike
+            a = unpack_array(values, field).astype(code, copy=False)  # numpy reads array typecodes alike
         except ValueError as e:
             raise ModelFormatError(f"{where}: {e}") from None
         return [array(code, row.tobytes()) for row in a] if a.ndim == 2 else array(code, a.ravel().tobytes())

@@ -95,7 +95,7 @@ class Handler(BaseHTTPRequestHandler):
             self._send_error(e)
         except ClientGone:
             self.close_connection = True
-        except (TimeoutError, BrokenPipeError, ConnectionResetError):
+        except (TimeoutError, ConnectionError):  # the client left or stalled: nothing to answer
             self.close_connection = True
         except Exception as e:  # a bug must cost one request, not the server
             self.log_error("unexpected error: %r", e)
