@@ -9,8 +9,9 @@ Strategies (for comparison, `--strategy`):
   naive   nothing resident that need not be; every streamed unit read whole, synchronously.
   hybrid  resident weights in execution order until the budget is full, the rest read whole and
           synchronously each token (the baseline of "LLM in a flash").
-  flash   residency by cost per byte (small groups first: they stream worst), chunked reads on
-          several I/O threads, and prefetch so reading overlaps compute.
+  flash   residency by cost per byte (small groups first: they stream worst), the streamed groups
+          spread through the pass, chunked reads on several I/O threads, and prefetch so reading
+          overlaps compute.
 """
 
 from __future__ import annotations
@@ -208,16 +209,21 @@ def _plan(layout: WeightLayout, spec: ModelSpec, budget: int, strategy: str, fix
             f"is needed ({', '.join(f'{k} {format_size(v)}' for k, v in fixed.items())}, "
             f"staging {format_size(staging(set())[0])}); raise --memory-budget or shorten the context", minimum)
 
+    def cost(resident: set[str]) -> int:
+        return fixed_total + sum(groups[n].nbytes for n in resident) + staging(resident)[0]
+
     resident: set[str] = set()
     if strategy != "naive":
         candidates = order if strategy == "hybrid" else sorted(order, key=lambda n: (groups[n].nbytes, order.index(n)))
         for name in candidates:
-            trial = resident | {name}
-            cost = fixed_total + sum(groups[n].nbytes for n in trial) + staging(trial)[0]
-            if cost <= budget:
-                resident = trial
+            if cost(resident | {name}) <= budget:
+                resident = resident | {name}
             elif strategy == "hybrid":
                 break  # hybrid keeps a prefix of the execution order
+    if flash:
+        spread = _spread_streamed(resident, order, groups)
+        if cost(spread) <= budget and staging(spread)[0] <= staging(resident)[0]:
+            resident = spread
     staging_bytes, head_chunk_bytes = staging(resident)
     head_chunk_rows = 0
     if head_name and head_name not in resident:
@@ -234,6 +240,46 @@ def _plan(layout: WeightLayout, spec: ModelSpec, budget: int, strategy: str, fix
     if "embedding" in streamed:
         plan.notes.append("embedding rows are read on demand (one 4 KiB page per token)")
     return plan
+
+
+def _spread_streamed(resident: set[str], order: list[str], groups: dict[str, WeightGroup]) -> set[str]:
+    """About the same bytes resident, but among like layer groups (the same kind, sizes within 2%)
+    the streamed ones spread evenly through the pass, the first at its start.
+
+    With prefetch, reads stop whenever every staging slot holds a unit compute has not reached.
+    Streaming the last layers (the greedy's choice) leaves the first ones, all resident, computing
+    with nothing to read: the slots already hold the first streamed units, loaded while the
+    previous token's head ran. SmolLM2 at half its bundle, exact mode: 27.5 tok/s spread against
+    25.8 bunched, 1.48x against 1.42x hybrid (medians of 20 rounds, separate processes in shuffled
+    order)."""
+    spread = set(resident)
+    for members in _like_groups(order, groups):
+        n, k = len(members), sum(1 for m in members if m not in resident)
+        if 0 < k < n:
+            streamed = {members[i * n // k] for i in range(k)}
+            spread -= set(members)
+            spread |= {m for m in members if m not in streamed}
+    return spread
+
+
+def _like_groups(order: list[str], groups: dict[str, WeightGroup]) -> list[list[str]]:
+    """Layer groups of one kind ("ffn", "attention", whole layers) whose sizes are within 2% of the
+    smallest, each list in execution order. Alignment makes equal layers differ by a page or so."""
+    kinds: dict[str, list[str]] = {}
+    for name in order:
+        if groups[name].layer is not None:
+            kinds.setdefault(name.split(".", 2)[2] if name.count(".") == 2 else "", []).append(name)
+    classes = []
+    for names in kinds.values():
+        by_size = sorted(names, key=lambda n: groups[n].nbytes)
+        current: list[str] = []
+        for name in by_size:
+            if current and groups[name].nbytes > 1.02 * groups[current[0]].nbytes:
+                classes.append(current)
+                current = []
+            current.append(name)
+        classes.append(current)
+    return [sorted(c, key=order.index) for c in classes]
 
 
 def split_reads(chunk_bytes: int, unit_bytes: int, threads: int, cores: int | None = None,

@@ -103,6 +103,37 @@ def test_spare_budget_deepens_prefetch():
     assert plans["160MB"].stream_bytes_per_pass <= plans["110MB"].stream_bytes_per_pass
 
 
+def test_flash_spreads_streamed_layers_through_the_pass(monkeypatch):
+    """Flash streams no more bytes than the greedy's choice (the last layers), but spread through
+    the pass, starting with the first layer: bunched at the end, they would leave reads idle
+    while the resident first layers compute."""
+    import edgeflash.memory.planner as planner
+
+    engine = ef.load("smollm2-135m", memory_budget="100MB", context_length=256, strategy="flash").engine
+    fixed = {k: v for k, v in engine.plan.fixed.items() if k not in ("runtime_reserve", "pinned_weights")}
+    n_layers = engine.spec.n_layers
+
+    def plans(budget: int) -> tuple:
+        args = (engine.layout, engine.spec, budget, "flash", fixed, 2, 1 << 20)
+        with monkeypatch.context() as m:
+            m.setattr(planner, "_spread_streamed", lambda resident, order, groups: set(resident))
+            greedy = planner.make_plan(*args)
+        return planner.make_plan(*args), greedy
+
+    checked = 0
+    for budget in range(60_000_000, 110_000_000, 5_000_000):
+        spread, greedy = plans(budget)
+        layers = [int(n.split(".")[1]) for n in spread.streamed if n.startswith("layer.")]
+        assert spread.stream_bytes_per_pass <= greedy.stream_bytes_per_pass and spread.total <= budget
+        if not 3 <= len(layers) < n_layers:
+            continue
+        checked += 1
+        assert layers[0] == 0
+        gaps = [b - a for a, b in zip(layers, layers[1:] + [layers[0] + n_layers])]
+        assert max(gaps) <= -(-n_layers // len(layers)) + 1, (budget, layers)
+    assert checked >= 3
+
+
 def test_infeasible_budget_is_refused_with_the_minimum():
     with pytest.raises(BudgetError, match=r"at least [0-9.]+ MiB is needed"):
         ef.load("smollm2-135m", memory_budget="20MB")
