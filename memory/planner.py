@@ -267,8 +267,9 @@ def _like_groups(order: list[str], groups: dict[str, WeightGroup]) -> list[list[
     smallest, each list in execution order. Alignment makes equal layers differ by a page or so."""
     kinds: dict[str, list[str]] = {}
     for name in order:
-        if groups[name].layer is not None:
-            kinds.setdefault(name.split(".", 2)[2] if name.count(".") == 2 else "", []).append(name)
+        layer = groups[name].layer
+        if layer is not None:  # "layer.3.ffn" is of kind ".ffn", a whole "layer.3" of kind ""
+            kinds.setdefault(name.removeprefix(f"layer.{layer}"), []).append(name)
     classes = []
     for names in kinds.values():
         by_size = sorted(names, key=lambda n: groups[n].nbytes)
