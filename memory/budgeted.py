@@ -15,8 +15,7 @@ from edgeflash.errors import IntegrityError, ModelFormatError, UserError
 from edgeflash.memory.io_profile import best_settings
 from edgeflash.memory.layout import WeightLayout, align_down, align_up, tensor_view_of, weight_layout
 from edgeflash.memory.approximate import ROW_READ_BYTES, ApproximateMode
-from edgeflash.memory.planner import BudgetError, MemoryPlan, make_plan
-from edgeflash.memory.stages import layer_units, target_of
+from edgeflash.memory.planner import BudgetError, MemoryPlan, group_units, make_plan
 from edgeflash.memory.sizes import format_size
 from edgeflash.runtime.native_engine import NativeEngine
 from edgeflash.runtime.source import ModelSource
@@ -26,6 +25,17 @@ from edgeflash.runtime.source import ModelSource
 # extra passes cost little next to reading the head from flash.
 BUDGETED_HEAD_CHUNK = 4096
 OPENING_PEAK_MARGIN = 1.05  # the opening peak moves by a few hundred KiB between runs
+
+# canonical suffix -> the engine's name for a layer tensor
+LAYER_TARGETS = {
+    "attn_q.weight": "q", "attn_k.weight": "k", "attn_v.weight": "v", "attn_output.weight": "o",
+    "ffn_gate.weight": "gate", "ffn_up.weight": "up", "ffn_down.weight": "down",
+    "attn_norm.weight": "attn_norm", "ffn_norm.weight": "ffn_norm", "post_attention_norm.weight": "post_attn_norm",
+    "post_ffw_norm.weight": "post_ffn_norm", "attn_q_norm.weight": "q_norm", "attn_k_norm.weight": "k_norm",
+    "attn_q.bias": "q_bias", "attn_k.bias": "k_bias", "attn_v.bias": "v_bias",
+    "predictor_a.weight": "pred_a", "predictor_b.weight": "pred_b",
+}
+
 
 def aligned_empty(nbytes: int) -> np.ndarray:
     """uint8 buffer whose first byte is 4 KiB aligned (direct I/O destinations must be)."""
@@ -237,19 +247,25 @@ class BudgetedEngine(NativeEngine):
         streamed = set(plan.streamed)
         for layer in range(self.spec.n_layers):
             groups = [g for g in layout.layer_groups(layer) if g.name in streamed]
-            for unit in layer_units(layout, layer, groups, by_stage=plan.stage_units):
-                placed, at = [], 0  # (file offset, bytes, where the range lands in the staging slot)
-                for start, nbytes in unit.ranges:
-                    placed.append((start, nbytes, at))
-                    at += nbytes
-                tensors = []
-                for name in unit.tensors:
+            if not groups:
+                continue
+            ranges = group_units(layout, groups)
+            placed, at = [], 0  # (file offset, bytes, where the range lands in the staging slot)
+            for start, nbytes in ranges:
+                placed.append((start, nbytes, at))
+                at += nbytes
+            tensors = []
+            for g in groups:
+                for name in g.tensors:
+                    if name in g.pinned:
+                        continue
                     loc, t = layout.locations[name], self.source.tensors[name]
                     start, slot_at = next((s, a) for s, n, a in placed if s <= loc.offset < s + n)
-                    tensors.append({"target": target_of(name), "offset": loc.offset - start + slot_at,
+                    suffix = name.split(".", 2)[2]
+                    tensors.append({"target": LAYER_TARGETS[suffix], "offset": loc.offset - start + slot_at,
                                     "fmt": t.fmt, "rows": t.rows if len(t.shape) > 1 else t.cols,
                                     "cols": t.cols if len(t.shape) > 1 else 1})
-                units.append({"layer": layer, "stages": unit.stages, "ranges": unit.ranges, "tensors": tensors})
+            units.append({"layer": layer, "ranges": ranges, "tensors": tensors})
         if plan.head_chunk_rows:
             name = "output.weight" if "head" in layout.groups else "token_embd.weight"
             t, loc = self.source.tensors[name], layout.locations[name]

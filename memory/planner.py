@@ -22,7 +22,6 @@ from dataclasses import asdict, dataclass, field
 from edgeflash.errors import UserError
 from edgeflash.memory.layout import WeightGroup, WeightLayout, align_up
 from edgeflash.memory.sizes import format_size
-from edgeflash.memory.stages import layer_units
 from edgeflash.runtime.native_engine import HEAD_CHUNK
 from edgeflash.runtime.spec import ModelSpec
 
@@ -88,7 +87,6 @@ class MemoryPlan:
     io: IoSettings
     stream_bytes_per_pass: int  # flash bytes a forward pass reads (layers, plus the head when it needs logits)
     notes: list[str] = field(default_factory=list)
-    stage_units: bool = False  # layers stream one stage at a time (memory/stages.py), not whole
 
     @property
     def fixed_bytes(self) -> int:
@@ -113,8 +111,7 @@ class MemoryPlan:
         for name, n in self.fixed.items():
             lines.append(f"  {name:<18} {format_size(n):>12}")
         lines.append(f"  {'resident weights':<18} {format_size(self.resident_bytes):>12}  ({len(self.resident)} groups)")
-        unit = "stage" if self.stage_units else "unit"
-        lines.append(f"  {'staging buffers':<18} {format_size(self.staging_bytes):>12}  ({self.io.slots} x {unit}, "
+        lines.append(f"  {'staging buffers':<18} {format_size(self.staging_bytes):>12}  ({self.io.slots} x unit, "
                      f"{self.io.threads} I/O threads, {format_size(self.io.chunk_bytes)} reads"
                      f"{', prefetch' if self.io.prefetch else ''})")
         lines.append(f"  streamed: {len(self.streamed)} groups, {format_size(self.stream_bytes_per_pass)} per token")
@@ -144,45 +141,7 @@ def make_plan(layout: WeightLayout, spec: ModelSpec, budget: int, strategy: str,
             error = e
     if not plans:
         raise error
-    plan = min(plans, key=lambda p: p.stream_bytes_per_pass)
-    return _shape_reads(_deepen_prefetch(_cut_into_stages(plan, layout, spec, skip, head_chunk_limit)), io_threads,
-                        chunk_bytes)
-
-
-def _cut_into_stages(plan: MemoryPlan, layout: WeightLayout, spec: ModelSpec, skip: frozenset[str],
-                     head_chunk_limit: int) -> MemoryPlan:
-    """The same residency and staging memory, in slots the size of the largest stage unit
-    instead of the largest layer: a tight budget's two slots of a whole layer (one unit in flight
-    while the other computes) become six to eight, most of them reading at once."""
-    streamed = set(plan.streamed) - skip
-    stage_units = [u for i in range(spec.n_layers)
-                   for u in layer_units(layout, i, [g for g in layout.layer_groups(i) if g.name in streamed],
-                                        by_stage=True)]
-    if not stage_units:
-        return plan
-    unit = max(u.nbytes for u in stage_units)
-    if plan.head_chunk_rows:
-        unit = max(unit, MIN_HEAD_CHUNK)
-    slots = min(MAX_PREFETCH_SLOTS, plan.staging_bytes // unit)
-    if slots <= plan.io.slots:
-        return plan
-    whole = sum(u.nbytes for i in range(spec.n_layers)
-                for u in layer_units(layout, i, [g for g in layout.layer_groups(i) if g.name in streamed],
-                                     by_stage=False))
-    plan.stream_bytes_per_pass += sum(u.nbytes for u in stage_units) - whole  # pages two stages share
-    plan.io.slots, plan.staging_bytes, plan.stage_units = slots, slots * unit, True
-    if plan.head_chunk_rows:
-        plan.head_chunk_rows = _head_chunk_rows(layout, spec, unit, head_chunk_limit)
-    return plan
-
-
-def _head_chunk_rows(layout: WeightLayout, spec: ModelSpec, chunk_bytes: int, head_chunk_limit: int) -> int:
-    """Rows per streamed head chunk: as many as `chunk_bytes` holds once widened to whole pages, and
-    at most the engine's logits pass (EngineOptions::head_chunk), whose buffers are sized for it."""
-    groups = layout.groups
-    name = "head" if "head" in groups else "embedding"
-    row_bytes = layout.locations[groups[name].tensors[0]].nbytes // spec.vocab_size
-    return max(1, min(spec.vocab_size, head_chunk_limit, chunk_bytes // row_bytes - 2))
+    return _shape_reads(_deepen_prefetch(min(plans, key=lambda p: p.stream_bytes_per_pass)), io_threads, chunk_bytes)
 
 
 def _deepen_prefetch(plan: MemoryPlan) -> MemoryPlan:
@@ -268,7 +227,9 @@ def _plan(layout: WeightLayout, spec: ModelSpec, budget: int, strategy: str, fix
     staging_bytes, head_chunk_bytes = staging(resident)
     head_chunk_rows = 0
     if head_name and head_name not in resident:
-        head_chunk_rows = _head_chunk_rows(layout, spec, head_chunk_bytes, head_chunk_limit)
+        row_bytes = layout.locations[groups[head_name].tensors[0]].nbytes // spec.vocab_size
+        # at most the engine's logits pass (EngineOptions::head_chunk), whose buffers are sized for it
+        head_chunk_rows = max(1, min(spec.vocab_size, head_chunk_limit, head_chunk_bytes // row_bytes - 2))
     streamed = [n for n in order if n not in resident]
     # An embedding table serves one row per token; as the tied head it is read whole every pass.
     per_pass = sum(groups[n].nbytes for n in streamed if n != "embedding" or n == head_name)
@@ -345,3 +306,14 @@ def split_reads(chunk_bytes: int, unit_bytes: int, threads: int, cores: int | No
         return threads, max(MIN_READ, min(chunk_bytes, per_thread))
     read = max(MIN_READ, min(chunk_bytes, align_up(unit_bytes)))
     return max(1, min(threads, units_in_flight * -(-unit_bytes // read))), read
+
+
+def group_units(layout: WeightLayout, groups: list[WeightGroup]) -> list[tuple[int, int]]:
+    """Byte ranges of the groups, merged when adjacent (one read instead of two)."""
+    ranges: list[tuple[int, int]] = []
+    for g in sorted(groups, key=lambda g: g.start):
+        if ranges and ranges[-1][0] + ranges[-1][1] == g.start:
+            ranges[-1] = (ranges[-1][0], ranges[-1][1] + g.nbytes)
+        else:
+            ranges.append((g.start, g.nbytes))
+    return ranges

@@ -5,26 +5,6 @@
 
 namespace ef::memory {
 
-engine::Stage stage_of(LayerTarget target) {
-  switch (target) {
-    case kO:
-    case kPostAttnNorm:
-      return engine::kStageAttnOut;
-    case kGate:
-    case kFfnNorm:
-    case kPredA:
-    case kPredB:
-      return engine::kStageGate;
-    case kUp:
-      return engine::kStageUp;
-    case kDown:
-    case kPostFfnNorm:
-      return engine::kStageDown;
-    default:
-      return engine::kStageQkv;  // q, k, v, their norms and biases, the attention norm
-  }
-}
-
 size_t StreamUnit::bytes() const {
   size_t n = 0;
   for (const auto& r : ranges) n += r.second;
@@ -33,11 +13,11 @@ size_t StreamUnit::bytes() const {
 
 StreamingWeights::StreamingWeights(std::shared_ptr<DirectReader> reader, engine::ResidentLayers* resident,
                                    int64_t n_layers, std::vector<StreamUnit> units, int slots, bool prefetch)
-    : reader_(std::move(reader)), resident_(resident), units_(std::move(units)),
-      stage_unit_(static_cast<size_t>(n_layers) * engine::kStageCount, -1), prefetch_(prefetch) {
+    : reader_(std::move(reader)), resident_(resident), units_(std::move(units)), layer_unit_(n_layers, -1),
+      prefetch_(prefetch) {
   if (slots < 1) throw std::invalid_argument("streaming: at least one staging slot is needed");
   size_t largest = 0;
-  int64_t last_stage = -1;  // layer * kStageCount + stage of the previous layer unit's last stage
+  int64_t last_layer = -1;
   bool seen_head = false;
   for (int64_t u = 0; u < static_cast<int64_t>(units_.size()); ++u) {
     const StreamUnit& unit = units_[u];
@@ -46,18 +26,10 @@ StreamingWeights::StreamingWeights(std::shared_ptr<DirectReader> reader, engine:
       if (r.first % kIoAlignment || r.second % kIoAlignment)
         throw std::invalid_argument("streaming: unit ranges must be 4096-aligned");
     if (unit.layer >= 0) {
-      const int64_t first = unit.layer * engine::kStageCount + unit.first_stage;
-      const int64_t last = unit.layer * engine::kStageCount + unit.last_stage;
-      if (seen_head || unit.layer >= n_layers || unit.first_stage < 0 || unit.first_stage > unit.last_stage ||
-          unit.last_stage >= engine::kStageCount || first <= last_stage)
-        throw std::invalid_argument("streaming: layer units must come first, in increasing layer and stage order");
-      for (const StreamedTensor& t : unit.tensors) {
-        const int stage = stage_of(static_cast<LayerTarget>(t.target));
-        if (stage < unit.first_stage || stage > unit.last_stage)
-          throw std::invalid_argument("streaming: a layer unit holds a tensor of a stage it does not cover");
-      }
-      for (int64_t i = first; i <= last; ++i) stage_unit_[i] = u;
-      last_stage = last;
+      if (seen_head || unit.layer <= last_layer || unit.layer >= n_layers)
+        throw std::invalid_argument("streaming: layer units must come first, in increasing layer order");
+      layer_unit_[unit.layer] = u;
+      last_layer = unit.layer;
     } else {
       if (unit.head_chunk != static_cast<int64_t>(head_units_.size()) || unit.tensors.size() != 1)
         throw std::invalid_argument("streaming: head chunks must come last, in order, one matrix each");
@@ -98,13 +70,14 @@ void StreamingWeights::issue_one() {
   if (slot < 0) throw std::logic_error("streaming: no free staging slot");
   const int64_t u = pending_next_;
   uint8_t* dst = slots_[slot].data();
-  std::vector<uint64_t> tickets;
+  uint64_t ticket = 0;
   for (const auto& [offset, bytes] : units_[u].ranges) {  // ranges land back to back in the slot
-    tickets.push_back(reader_->submit(offset, bytes, dst));
+    if (ticket) reader_->wait(ticket);  // more than one range is rare; keep one ticket per unit
+    ticket = reader_->submit(offset, bytes, dst);
     dst += bytes;
   }
   slot_busy_[slot] = true;
-  in_flight_.push_back(InFlight{u, slot, std::move(tickets)});
+  in_flight_.push_back(InFlight{u, slot, ticket});
   ++stats_.units_read;
   if (ahead_) ++issued_ahead_;  // this unit belongs to the next pass
   const int64_t next = next_unit(u);
@@ -127,24 +100,20 @@ void StreamingWeights::fill() {
 
 void StreamingWeights::drain() {
   for (const InFlight& f : in_flight_) {
-    for (const uint64_t ticket : f.tickets) {
-      try {
-        reader_->wait(ticket);
-      } catch (const std::exception&) {
-        // a failed read of a unit nobody will use: the next read of it reports the error
-      }
+    try {
+      reader_->wait(f.ticket);
+    } catch (const std::exception&) {
+      // a failed read of a unit nobody will use: the next read of it reports the error
     }
     slot_busy_[f.slot] = false;
   }
   in_flight_.clear();
-  held_ = -1;
 }
 
 void StreamingWeights::begin_pass(bool needs_head) {
   reader_->check_unchanged();
   ++stats_.passes;
   needs_head_ = needs_head;
-  held_ = -1;  // a pass that failed may have left a unit held; it is drained below
   if (units_.empty()) return;
   const int64_t first = first_layer_unit() >= 0 ? 0 : (needs_head ? 0 : -1);
   if (first < 0) {  // only the head is streamed and this pass does not need it
@@ -171,30 +140,20 @@ const StreamingWeights::InFlight& StreamingWeights::wait_front(int64_t unit) {
   if (f.unit != unit)
     throw std::logic_error("streaming: the engine asked for unit " + std::to_string(unit) + " but " +
                            std::to_string(f.unit) + " is next in the read order");
-  for (const uint64_t ticket : f.tickets) reader_->wait(ticket);
+  reader_->wait(f.ticket);
   return f;
-}
-
-int64_t StreamingWeights::unit_of(int64_t layer, engine::Stage stage) const {
-  return stage_unit_.at(static_cast<size_t>(layer) * engine::kStageCount + stage);
 }
 
 void StreamingWeights::pop_front() {
   slot_busy_[in_flight_.front().slot] = false;
   in_flight_.pop_front();
-  held_ = -1;
   if (prefetch_) fill();
 }
 
-const engine::LayerWeights& StreamingWeights::acquire(int64_t layer, engine::Stage stage) {
-  const int64_t u = unit_of(layer, stage);
-  if (u < 0) return resident_->acquire(layer, stage);
-  if (held_ == u) return current_;  // a later stage of the unit the engine already holds
-  if (stage != units_[u].first_stage)
-    throw std::logic_error("streaming: stage " + std::to_string(stage) + " of layer " + std::to_string(layer) +
-                           " was asked for before the stages its unit starts with");
+const engine::LayerWeights& StreamingWeights::acquire(int64_t layer) {
+  const int64_t u = layer_unit_.at(layer);
+  if (u < 0) return resident_->acquire(layer);
   const InFlight& f = wait_front(u);
-  held_ = u;
   current_ = resident_->at(layer);
   const uint8_t* base = slots_[f.slot].data();
   WeightMatrix* matrices[] = {&current_.q, &current_.k, &current_.v, &current_.o, &current_.gate,
@@ -214,9 +173,8 @@ const engine::LayerWeights& StreamingWeights::acquire(int64_t layer, engine::Sta
   return current_;
 }
 
-void StreamingWeights::release(int64_t layer, engine::Stage stage) {
-  const int64_t u = unit_of(layer, stage);
-  if (u >= 0 && stage == units_[u].last_stage) pop_front();
+void StreamingWeights::release(int64_t layer) {
+  if (layer_unit_.at(layer) >= 0) pop_front();
 }
 
 const WeightMatrix& StreamingWeights::acquire_chunk(int64_t chunk, int64_t* first_row) {

@@ -1,9 +1,7 @@
 // Weights that live in flash and are read for every forward pass: the layers (and the output
 // head, in row chunks) the memory plan did not keep resident. Reads go through DirectReader into
 // a ring of staging slots; with prefetch on, the next units load while the current one computes
-// (across the pass boundary too: the next token's first layers load while the head runs). A
-// layer unit covers one or more consecutive stages of its layer (engine::Stage): a whole layer,
-// or single stages, whose smaller reads let more of them be in flight in the same memory.
+// (across the pass boundary too: the next token's first layers load while the head runs).
 #pragma once
 
 #include <cstdint>
@@ -29,16 +27,12 @@ enum LayerTarget : int {
   kAttnNorm, kFfnNorm, kPostAttnNorm, kPostFfnNorm, kQNorm, kKNorm, kQBias, kKBias, kVBias, kTargetCount
 };
 
-// The stage that uses a layer tensor (the predictor picks the FFN's neurons, in the gate stage).
-engine::Stage stage_of(LayerTarget target);
-
-// One read unit: a layer's streamed blocks for some of its stages, or one chunk of head rows.
+// One read unit: a layer's streamed blocks, or one chunk of head rows.
 struct StreamUnit {
   int64_t layer = -1;       // >= 0: a layer unit
-  int first_stage = 0, last_stage = engine::kStageCount - 1;  // a layer unit's stages
   int64_t head_chunk = -1;  // >= 0: a head chunk
   int64_t head_row0 = 0;
-  std::vector<std::pair<int64_t, size_t>> ranges;  // (file offset, bytes), 4 KiB aligned, land back to back
+  std::vector<std::pair<int64_t, size_t>> ranges;  // (file offset, bytes), 4 KiB aligned, read back to back
   std::vector<StreamedTensor> tensors;
   size_t bytes() const;
 };
@@ -59,8 +53,8 @@ class StreamingWeights : public engine::LayerSource, public engine::HeadSource {
 
   // LayerSource
   void begin_pass(bool needs_head) override;
-  const engine::LayerWeights& acquire(int64_t layer, engine::Stage stage) override;
-  void release(int64_t layer, engine::Stage stage) override;
+  const engine::LayerWeights& acquire(int64_t layer) override;
+  void release(int64_t layer) override;
   // HeadSource (only used when the head is streamed)
   int64_t n_chunks() override { return static_cast<int64_t>(head_units_.size()); }
   const WeightMatrix& acquire_chunk(int64_t chunk, int64_t* first_row) override;
@@ -74,7 +68,7 @@ class StreamingWeights : public engine::LayerSource, public engine::HeadSource {
   struct InFlight {
     int64_t unit;
     int slot;
-    std::vector<uint64_t> tickets;  // one per range, all submitted at once
+    uint64_t ticket;
   };
 
   int64_t next_unit(int64_t unit) const;  // execution order, across the pass boundary
@@ -82,14 +76,13 @@ class StreamingWeights : public engine::LayerSource, public engine::HeadSource {
   void issue_one();
   void fill();
   const InFlight& wait_front(int64_t unit);
-  int64_t unit_of(int64_t layer, engine::Stage stage) const;
   void pop_front();
   void drain();
 
   std::shared_ptr<DirectReader> reader_;
   engine::ResidentLayers* resident_;
   std::vector<StreamUnit> units_;
-  std::vector<int64_t> stage_unit_;  // layer * kStageCount + stage -> unit index, or -1 (resident)
+  std::vector<int64_t> layer_unit_;  // layer -> unit index or -1 (fully resident)
   std::vector<int64_t> head_units_;  // head chunk -> unit index
   std::vector<AlignedBuffer> slots_;
   std::vector<bool> slot_busy_;
@@ -99,8 +92,7 @@ class StreamingWeights : public engine::LayerSource, public engine::HeadSource {
   bool ahead_ = false;        // the issue cursor has wrapped into the next pass
   int64_t issued_ahead_ = 0;  // units issued for the next pass
   std::deque<InFlight> in_flight_;
-  engine::LayerWeights current_;  // the held unit's layer: resident tensors plus the unit's
-  int64_t held_ = -1;               // the unit the engine holds (the front of in_flight_), or -1
+  engine::LayerWeights current_;
   WeightMatrix head_chunk_{};
   StreamStats stats_;
 };

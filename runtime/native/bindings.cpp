@@ -200,9 +200,8 @@ class PyEngine {
   }
 
   // Stream the listed units from `path` (layers not listed stay resident, as set_matrix/set_vector
-  // gave them). A unit: {"layer": i, "stages": (first, last) | "head_chunk": c, "row0": r,
-  // "ranges": [(offset, bytes)], "tensors": [{"target", "offset", "fmt", "rows", "cols"}]}; stages
-  // are engine::Stage numbers (0 q/k/v, 1 attention output, 2 gate, 3 up, 4 down). `embedding`: {"offset", "fmt",
+  // gave them). A unit: {"layer": i | "head_chunk": c, "row0": r, "ranges": [(offset, bytes)],
+  // "tensors": [{"target", "offset", "fmt", "rows", "cols"}]}. `embedding`: {"offset", "fmt",
   // "rows", "cols"} to read embedding rows on demand, or None for the resident table.
   void set_streaming(const std::string& path, bool direct, int io_threads, int64_t chunk_bytes,
                      const std::vector<nb::dict>& units, int slots, bool prefetch, nb::object embedding) {
@@ -212,11 +211,6 @@ class PyEngine {
       memory::StreamUnit u;
       if (d.contains("layer")) {
         u.layer = nb::cast<int64_t>(d["layer"]);
-        if (d.contains("stages")) {  // (first, last) engine stages; the whole layer without it
-          const auto stages = nb::cast<std::pair<int, int>>(d["stages"]);
-          u.first_stage = stages.first;
-          u.last_stage = stages.second;
-        }
       } else {
         u.head_chunk = nb::cast<int64_t>(d["head_chunk"]);
         u.head_row0 = nb::cast<int64_t>(d["row0"]);

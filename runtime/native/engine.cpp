@@ -125,67 +125,42 @@ void Engine::build_attention_mask(int64_t layer, int64_t n, const uint8_t* tree_
     for (int64_t j = 0; j < n; ++j) mask_[i * c.capacity + slots_[j]] = tree_mask[i * n + j] ? 1 : 0;
 }
 
-const LayerWeights& Engine::acquire_stage(int64_t layer, Stage stage, bool sparse_ffn) {
-  const LayerWeights& w = source_->acquire(layer, stage);
+void Engine::check_layer(int64_t layer, const LayerWeights& w) const {
   const ModelShape& s = shape_;
-  auto need_matrix = [&](const WeightMatrix& m, const char* name) {
-    if (!m.data) throw engine_error("layer " + std::to_string(layer) + " has no " + name + " weights");
-  };
-  auto need_norm = [&](const float* v) {
-    if (!v) throw engine_error("layer " + std::to_string(layer) + " is missing a norm weight");
-  };
-  switch (stage) {
-    case kStageQkv:
-      need_matrix(w.q, "q"), need_matrix(w.k, "k"), need_matrix(w.v, "v"), need_norm(w.attn_norm);
-      if (s.qk_norm) need_norm(w.q_norm), need_norm(w.k_norm);
-      break;
-    case kStageAttnOut:
-      need_matrix(w.o, "o");
-      if (s.sandwich_norm) need_norm(w.post_attn_norm);
-      break;
-    case kStageGate:
-      need_norm(w.ffn_norm);
-      if (!sparse_ffn) need_matrix(w.gate, "gate");
-      break;
-    case kStageUp:
-      if (!sparse_ffn) need_matrix(w.up, "up");
-      break;
-    case kStageDown:
-      if (!sparse_ffn) need_matrix(w.down, "down");
-      if (s.sandwich_norm) need_norm(w.post_ffn_norm);
-      break;
-    default:
-      throw engine_error("unknown stage");
+  const std::pair<const WeightMatrix*, const char*> matrices[] = {
+      {&w.q, "q"}, {&w.k, "k"}, {&w.v, "v"}, {&w.o, "o"}, {&w.gate, "gate"}, {&w.up, "up"}, {&w.down, "down"}};
+  const bool sparse_ffn = ffn_hook_ && ffn_hook_->active(layer);
+  for (const auto& [m, name] : matrices) {
+    const bool ffn_matrix = m == &w.gate || m == &w.up || m == &w.down;
+    if (!m->data && !(ffn_matrix && sparse_ffn))
+      throw engine_error("layer " + std::to_string(layer) + " has no " + name + " weights");
   }
-  return w;
+  const bool missing_norm = !w.attn_norm || !w.ffn_norm || (s.qk_norm && (!w.q_norm || !w.k_norm)) ||
+                            (s.sandwich_norm && (!w.post_attn_norm || !w.post_ffn_norm));
+  if (missing_norm) throw engine_error("layer " + std::to_string(layer) + " is missing a norm weight");
 }
 
-// Each stage's weights are acquired just before its first use and released right after its
-// last, so a streaming source can hold one stage at a time. The arithmetic, and its order, are
-// the same whatever the source.
-void Engine::run_block(int64_t layer, int64_t n, const int32_t* positions, const int32_t* slots,
-                       const uint8_t* attn_mask) {
+void Engine::run_block(int64_t layer, const LayerWeights& w, int64_t n, const int32_t* positions,
+                       const int32_t* slots, const uint8_t* attn_mask) {
   const ModelShape& s = shape_;
+  check_layer(layer, w);
   const LayerShape& ls = layer_shapes_[layer];
   const int64_t d = s.d_model, qd = s.n_heads * s.head_dim, kd = s.n_kv_heads * s.head_dim;
-  const bool sparse_ffn = ffn_hook_ && ffn_hook_->active(layer);
   float* x = x_.data();
   float* h = h_.data();
 
   // Attention: h = norm(x); q, k, v share one quantization of h.
-  const LayerWeights* w = &acquire_stage(layer, kStageQkv, sparse_ffn);
-  rms_norm(x, w->attn_norm, h, n, d, s.norm_eps);
-  linear(w->q, h, xq_, false, n, q_.data());
-  linear(w->k, h, xq_, true, n, k_.data());
-  linear(w->v, h, xq_, true, n, v_.data());
-  add_bias(q_.data(), w->q_bias, n, qd);
-  add_bias(k_.data(), w->k_bias, n, kd);
-  add_bias(v_.data(), w->v_bias, n, kd);
+  rms_norm(x, w.attn_norm, h, n, d, s.norm_eps);
+  linear(w.q, h, xq_, false, n, q_.data());
+  linear(w.k, h, xq_, true, n, k_.data());
+  linear(w.v, h, xq_, true, n, v_.data());
+  add_bias(q_.data(), w.q_bias, n, qd);
+  add_bias(k_.data(), w.k_bias, n, kd);
+  add_bias(v_.data(), w.v_bias, n, kd);
   if (s.qk_norm) {
-    rms_norm(q_.data(), w->q_norm, q_.data(), n * s.n_heads, s.head_dim, s.norm_eps);
-    rms_norm(k_.data(), w->k_norm, k_.data(), n * s.n_kv_heads, s.head_dim, s.norm_eps);
+    rms_norm(q_.data(), w.q_norm, q_.data(), n * s.n_heads, s.head_dim, s.norm_eps);
+    rms_norm(k_.data(), w.k_norm, k_.data(), n * s.n_kv_heads, s.head_dim, s.norm_eps);
   }
-  source_->release(layer, kStageQkv);
   RopeParams rp;
   rp.rot_dim = ls.rot_dim;
   rp.theta_base = ls.theta_base;
@@ -208,32 +183,22 @@ void Engine::run_block(int64_t layer, int64_t n, const int32_t* positions, const
   a.scale = s.attn_scale;
   a.out = attn_.data();
   attention(cache, a);
-  w = &acquire_stage(layer, kStageAttnOut, sparse_ffn);
-  linear(w->o, attn_.data(), xq_, false, n, h);
-  if (s.sandwich_norm) rms_norm(h, w->post_attn_norm, h, n, d, s.norm_eps);
-  source_->release(layer, kStageAttnOut);
+  linear(w.o, attn_.data(), xq_, false, n, h);
+  if (s.sandwich_norm) rms_norm(h, w.post_attn_norm, h, n, d, s.norm_eps);
   add_into(x, h, n * d);
 
   // Feed-forward: gate and up share one quantization of norm(x).
-  w = &acquire_stage(layer, kStageGate, sparse_ffn);
-  rms_norm(x, w->ffn_norm, h, n, d, s.norm_eps);
-  if (sparse_ffn) {
-    ffn_hook_->compute(layer, *w, h, n, sel_.data());  // sel_ is free until the logits
+  rms_norm(x, w.ffn_norm, h, n, d, s.norm_eps);
+  if (ffn_hook_ && ffn_hook_->active(layer)) {
+    ffn_hook_->compute(layer, w, h, n, sel_.data());  // sel_ is free until the logits
     std::memcpy(h, sel_.data(), static_cast<size_t>(n * d) * sizeof(float));
   } else {
-    linear(w->gate, h, xq_, false, n, gate_.data());
-  }
-  source_->release(layer, kStageGate);
-  w = &acquire_stage(layer, kStageUp, sparse_ffn);
-  if (!sparse_ffn) linear(w->up, h, xq_, true, n, up_.data());
-  source_->release(layer, kStageUp);
-  w = &acquire_stage(layer, kStageDown, sparse_ffn);
-  if (!sparse_ffn) {
+    linear(w.gate, h, xq_, false, n, gate_.data());
+    linear(w.up, h, xq_, true, n, up_.data());
     gated_act(gate_.data(), up_.data(), gate_.data(), n * s.d_ff, s.act);
-    linear(w->down, gate_.data(), xq_, false, n, h);
+    linear(w.down, gate_.data(), xq_, false, n, h);
   }
-  if (s.sandwich_norm) rms_norm(h, w->post_ffn_norm, h, n, d, s.norm_eps);
-  source_->release(layer, kStageDown);
+  if (s.sandwich_norm) rms_norm(h, w.post_ffn_norm, h, n, d, s.norm_eps);
   add_into(x, h, n * d);
 }
 
@@ -275,7 +240,9 @@ void Engine::forward(const int32_t* tokens, const int32_t* positions, int64_t n,
     const LayerCache& c = caches_[layer];
     for (int64_t j = 0; j < n; ++j) slots_[j] = static_cast<int32_t>((committed_ + j) % c.capacity);
     if (tree_mask) build_attention_mask(layer, n, tree_mask);
-    run_block(layer, n, positions, slots_.data(), tree_mask ? mask_.data() : nullptr);
+    const LayerWeights& w = source_->acquire(layer);
+    run_block(layer, w, n, positions, slots_.data(), tree_mask ? mask_.data() : nullptr);
+    source_->release(layer);
   }
 
   if (tree_mask) {

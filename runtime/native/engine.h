@@ -48,20 +48,13 @@ struct LayerWeights {
   const float* v_bias = nullptr;
 };
 
-// The parts of a block in the order a forward pass uses them. A source may deliver a layer's
-// weights one stage at a time: smaller reads, so more of them fit in flight in the same staging
-// memory. Each weight belongs to the stage that first uses it (see stage_of in streaming.h).
-enum Stage : int { kStageQkv = 0, kStageAttnOut, kStageGate, kStageUp, kStageDown, kStageCount };
-
-// Where a layer's weights come from. `acquire` may block until the stage's weights are in memory
-// (streamed from flash); only that stage's fields of the result are valid. `release` says the
-// forward pass is done with them for this call. A pass acquires and releases every stage of
-// every layer, in order.
+// Where a layer's weights come from. `acquire` may block until they are in memory (streamed
+// from flash); `release` says the forward pass is done with them for this call.
 class LayerSource {
  public:
   virtual ~LayerSource() = default;
-  virtual const LayerWeights& acquire(int64_t layer, Stage stage) = 0;
-  virtual void release(int64_t layer, Stage stage) {}
+  virtual const LayerWeights& acquire(int64_t layer) = 0;
+  virtual void release(int64_t layer) {}
   // A forward pass starts; `needs_head` says whether it will compute logits (a streaming source
   // uses it to plan what to read next).
   virtual void begin_pass(bool needs_head) {}
@@ -72,7 +65,7 @@ class ResidentLayers : public LayerSource {
  public:
   explicit ResidentLayers(int64_t n_layers) : layers_(n_layers) {}
   LayerWeights& at(int64_t layer) { return layers_.at(layer); }
-  const LayerWeights& acquire(int64_t layer, Stage) override { return layers_.at(layer); }
+  const LayerWeights& acquire(int64_t layer) override { return layers_.at(layer); }
 
  private:
   std::vector<LayerWeights> layers_;
@@ -174,9 +167,9 @@ class Engine {
     KvCache view();
   };
 
-  void run_block(int64_t layer, int64_t n, const int32_t* positions, const int32_t* slots_of_layer,
-                 const uint8_t* attn_mask);
-  const LayerWeights& acquire_stage(int64_t layer, Stage stage, bool sparse_ffn);
+  void run_block(int64_t layer, const LayerWeights& w, int64_t n, const int32_t* positions,
+                 const int32_t* slots_of_layer, const uint8_t* attn_mask);
+  void check_layer(int64_t layer, const LayerWeights& w) const;
   void linear(const WeightMatrix& w, const float* x, QuantizedActs& xq, bool xq_ready, int64_t n, float* y);
   void build_attention_mask(int64_t layer, int64_t n, const uint8_t* tree_mask);
   void compute_logits(int64_t m, float* logits);

@@ -134,53 +134,6 @@ def test_flash_spreads_streamed_layers_through_the_pass(monkeypatch):
     assert checked >= 3
 
 
-def test_flash_streams_layers_one_stage_at_a_time(monkeypatch, reference_tokens):
-    """Under a tight budget flash reads a layer stage by stage (q/k/v and attention output, gate,
-    up, down) into more, smaller staging slots: the same resident weights and no more staging
-    memory than whole-layer slots, several reads in flight, and the same greedy output."""
-    import edgeflash.memory.planner as planner
-    from edgeflash.memory.stages import STAGE_OF, target_of
-
-    m = ef.load("smollm2-135m", memory_budget="60MB", context_length=256, strategy="flash")
-    plan, engine = m.engine.plan, m.engine
-    with monkeypatch.context() as patch:
-        patch.setattr(planner, "_cut_into_stages", lambda plan, *args: plan)
-        whole = planner.make_plan(engine.layout, engine.spec, plan.budget, "flash",
-                                  {k: v for k, v in plan.fixed.items() if k not in ("runtime_reserve", "pinned_weights")},
-                                  4, 1 << 20, skip=frozenset(g for g in engine.layout.groups if g.endswith(".predictor")),
-                                  head_chunk_limit=engine.head_chunk)
-    assert plan.stage_units and not whole.stage_units
-    assert plan.resident == whole.resident and plan.io.slots >= 2 * whole.io.slots
-    assert plan.staging_bytes <= whole.staging_bytes + (plan.budget - whole.total)
-    # Pages two stages share are read by both (a few KiB a layer); a GGUF's rewritten tensors,
-    # resident anyway, are no longer read with their layer.
-    assert plan.stream_bytes_per_pass <= 1.01 * whole.stream_bytes_per_pass
-
-    units = [u for u in engine._stream_units(engine.layout, plan) if "layer" in u]
-    by_layer: dict[int, list] = {}
-    for u in units:
-        by_layer.setdefault(u["layer"], []).append(u["stages"])
-        assert sum(n for _, n in u["ranges"]) <= plan.unit_bytes
-    for layer, stages in by_layer.items():  # each streamed layer's stages once, in order
-        covered = [s for first, last in stages for s in range(first, last + 1)]
-        assert covered == sorted(set(covered)), (layer, stages)
-    layout = engine.layout
-    streamed_tensors = sorted(t for n in plan.streamed if n.startswith("layer.") for t in layout.groups[n].tensors
-                              if t not in layout.groups[n].pinned)  # a rewritten tensor is kept resident
-    assert streamed_tensors  # layers really stream at this budget
-    placed = {}
-    for u in units:
-        for t in u["tensors"]:
-            name = next(n for n in streamed_tensors if n.startswith(f"blk.{u['layer']}.") and target_of(n) == t["target"])
-            assert u["stages"][0] <= STAGE_OF.get(t["target"], 0) <= u["stages"][1]
-            placed[name] = placed.get(name, 0) + 1
-    assert sorted(placed) == streamed_tensors and set(placed.values()) == {1}
-
-    r = m.generate(PROMPT, max_tokens=24)
-    assert r.tokens == reference_tokens["smollm2-135m"]
-    assert r.stats["units_read"] > len(by_layer) * r.stats["generated_tokens"]  # more than one read a layer
-
-
 def test_infeasible_budget_is_refused_with_the_minimum():
     with pytest.raises(BudgetError, match=r"at least [0-9.]+ MiB is needed"):
         ef.load("smollm2-135m", memory_budget="20MB")
