@@ -41,6 +41,8 @@ class DirectReader {
 
   // Queue a read of [offset, offset + n) into dst. Returns a ticket for wait().
   uint64_t submit(int64_t offset, size_t n, uint8_t* dst);
+  // True when the ticket's reads are all done (wait() would not block).
+  bool ready(uint64_t ticket);
   // Block until the ticket's reads are done; throws std::runtime_error naming the file, offset
   // and cause on a read error or a short read (the file shrank while loaded).
   void wait(uint64_t ticket);
