@@ -106,7 +106,8 @@ void ThreadPool::worker_loop(int thread_index, uint64_t seen) {
     while (g == seen || (g & 1)) {
       cpu_relax();
       if (polls > 4096 && polls % 64 == 0) std::this_thread::yield();  // let an oversubscribed core breathe
-      if (++polls % 256 == 0 && std::chrono::steady_clock::now() - spin_start > kSpinTime) {
+      const bool parked = park_.load(std::memory_order_relaxed);
+      if (parked || (++polls % 256 == 0 && std::chrono::steady_clock::now() - spin_start > kSpinTime)) {
         std::unique_lock<std::mutex> lock(sleep_mutex_);
         sleepers_.fetch_add(1);
         wake_.wait(lock, [&] {
@@ -141,6 +142,7 @@ void ThreadPool::parallel_for(int64_t n_tasks, TaskRef fn) {
   n_tasks_ = n_tasks;
   next_task_.store(0, std::memory_order_relaxed);
   done_tasks_.store(0, std::memory_order_relaxed);
+  park_.store(false, std::memory_order_relaxed);
   generation_.fetch_add(1);  // even: published
   if (sleepers_.load() > 0) {
     std::lock_guard<std::mutex> sl(sleep_mutex_);

@@ -3,6 +3,8 @@
 #include <stdexcept>
 #include <string>
 
+#include "edgeflash/thread_pool.h"
+
 namespace ef::memory {
 
 size_t StreamUnit::bytes() const {
@@ -140,6 +142,9 @@ const StreamingWeights::InFlight& StreamingWeights::wait_front(int64_t unit) {
   if (f.unit != unit)
     throw std::logic_error("streaming: the engine asked for unit " + std::to_string(unit) + " but " +
                            std::to_string(f.unit) + " is next in the read order");
+  // Compute waits for this read: the pool's idle workers would spin for the next kernel and
+  // take a core from the I/O threads (two cores here).
+  if (!reader_->ready(f.ticket)) ThreadPool::global().park();
   reader_->wait(f.ticket);
   return f;
 }

@@ -41,6 +41,11 @@ class ThreadPool {
     parallel_for(n_tasks, TaskRef(f));
   }
 
+  // The caller is about to block (on a read from flash, say) and runs no job until it returns:
+  // idle workers sleep now instead of spinning for the next job, leaving the cores to the
+  // threads that will end the wait. The next parallel_for wakes them.
+  void park() { park_.store(true, std::memory_order_relaxed); }
+
  private:
   ThreadPool();
   void start_workers(int n_workers);
@@ -62,6 +67,7 @@ class ThreadPool {
   int64_t n_tasks_ = 0;
   TaskRef* fn_ = nullptr;
   std::atomic<bool> stop_{false};
+  std::atomic<bool> park_{false};  // set by park(), cleared when the next job is published
 
   std::mutex sleep_mutex_;
   std::condition_variable wake_;
