@@ -120,7 +120,7 @@ uint64_t DirectReader::submit(int64_t offset, size_t n, uint8_t* dst) {
   tickets_.emplace_back(ticket, std::move(t));
   requests_.fetch_add(1, std::memory_order_relaxed);
   // One idle thread per piece: waking every thread for each request costs each of them a core
-  // switch, and on two cores those switches take time from compute.
+  // switch, and on a board with few cores those switches take time from compute.
   for (int i = 0; i < pieces; ++i) work_cv_.notify_one();
   return ticket;
 }

@@ -143,7 +143,7 @@ const StreamingWeights::InFlight& StreamingWeights::wait_front(int64_t unit) {
     throw std::logic_error("streaming: the engine asked for unit " + std::to_string(unit) + " but " +
                            std::to_string(f.unit) + " is next in the read order");
   // Compute waits for this read: the pool's idle workers would spin for the next kernel and
-  // take a core from the I/O threads (two cores here).
+  // hold a core the I/O threads need (a small board has two to four).
   if (!reader_->ready(f.ticket)) ThreadPool::global().park();
   reader_->wait(f.ticket);
   return f;
