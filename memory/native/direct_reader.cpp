@@ -125,14 +125,7 @@ uint64_t DirectReader::submit(int64_t offset, size_t n, uint8_t* dst) {
   return ticket;
 }
 
-bool DirectReader::ready(uint64_t ticket) {
-  std::lock_guard<std::mutex> lock(mu_);
-  for (const auto& [id, t] : tickets_)
-    if (id == ticket) return t.remaining == 0;
-  throw std::invalid_argument("direct reader: unknown ticket");
-}
-
-void DirectReader::wait(uint64_t ticket) {
+void DirectReader::wait(uint64_t ticket, void (*before_blocking)()) {
   const auto t0 = std::chrono::steady_clock::now();
   std::unique_lock<std::mutex> lock(mu_);
   auto find = [&] {
@@ -142,6 +135,7 @@ void DirectReader::wait(uint64_t ticket) {
   };
   auto it = find();
   if (it == tickets_.end()) throw std::invalid_argument("direct reader: unknown ticket");
+  if (it->second.remaining > 0 && before_blocking) before_blocking();
   done_cv_.wait(lock, [&] { it = find(); return it->second.remaining == 0; });
   const std::string error = it->second.error;
   tickets_.erase(it);

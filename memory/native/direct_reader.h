@@ -41,11 +41,10 @@ class DirectReader {
 
   // Queue a read of [offset, offset + n) into dst. Returns a ticket for wait().
   uint64_t submit(int64_t offset, size_t n, uint8_t* dst);
-  // True when the ticket's reads are all done (wait() would not block).
-  bool ready(uint64_t ticket);
   // Block until the ticket's reads are done; throws std::runtime_error naming the file, offset
-  // and cause on a read error or a short read (the file shrank while loaded).
-  void wait(uint64_t ticket);
+  // and cause on a read error or a short read (the file shrank while loaded). `before_blocking`
+  // runs (under the reader's lock: keep it trivial) only when the reads are not done yet.
+  void wait(uint64_t ticket, void (*before_blocking)() = nullptr);
   // Synchronous read on the calling thread (small on-demand reads such as embedding rows).
   void read_now(int64_t offset, size_t n, uint8_t* dst);
 

@@ -142,10 +142,9 @@ const StreamingWeights::InFlight& StreamingWeights::wait_front(int64_t unit) {
   if (f.unit != unit)
     throw std::logic_error("streaming: the engine asked for unit " + std::to_string(unit) + " but " +
                            std::to_string(f.unit) + " is next in the read order");
-  // Compute waits for this read: the pool's idle workers would spin for the next kernel and
-  // hold a core the I/O threads need (a small board has two to four).
-  if (!reader_->ready(f.ticket)) ThreadPool::global().park();
-  reader_->wait(f.ticket);
+  // If compute has to wait for this read, the pool's idle workers would spin for the next kernel
+  // and hold a core the I/O threads need (a small board has two to four): park them.
+  reader_->wait(f.ticket, [] { ThreadPool::global().park(); });
   return f;
 }
 
