@@ -288,11 +288,14 @@ def split_reads(chunk_bytes: int, unit_bytes: int, threads: int, cores: int | No
     """(I/O threads, read size) for streaming units of `unit_bytes` with prefetch; `chunk_bytes` and
     `threads` are the device's best read size and depth (`edgeflash probe-io`).
 
-    With one unit in flight (two staging slots, a tight budget) every unit is split into one read
-    per thread, so that all of them are busy, and there are no more I/O threads than cores.
-    Measured at a quarter budget on 2 cores (tok/s, one process, interleaved): SmolLM2's 1.9 MiB
-    units as one 4 MiB read on 8 threads 12.9, two reads of 0.95 MiB 22.3, 8 x 256 KiB 16.1
-    (hybrid 11.8); Gemma 3's 3 MiB units 10.5 against 15.7 as two reads (hybrid 10.5).
+    With one unit in flight (two staging slots, a tight budget) every unit is split into the same
+    number of equal reads per thread, so that all of them are busy to the end, and there are no
+    more I/O threads than cores. Reads stay near the device's best size: one per thread, or as
+    many per thread as the unit needs (a 2.1 MiB unit on 2 threads against a 1 MiB best is two
+    reads of 1.06 MiB, not three of 0.71 with one thread idle for the last). Measured at a quarter
+    budget on 2 cores (tok/s, one process, interleaved): SmolLM2's 1.9 MiB units as one 4 MiB read
+    on 8 threads 12.9, two reads of 0.95 MiB 22.3, 8 x 256 KiB 16.1 (hybrid 11.8); Gemma 3's 3 MiB
+    units 10.5 against 15.7 as two reads (hybrid 10.5).
 
     With more units in flight each unit is read whole (up to the device's best read size) and
     there are as many I/O threads as reads in flight, up to the device's depth: a thread waiting
@@ -302,8 +305,8 @@ def split_reads(chunk_bytes: int, unit_bytes: int, threads: int, cores: int | No
     hybrid with 8 reads of 1 MiB instead of 2 of 512 KiB (separate processes, 6 rounds)."""
     if units_in_flight <= 1:
         threads = max(1, min(threads, cores or os.cpu_count() or 1))
-        per_thread = align_up(-(-unit_bytes // threads))
-        return threads, max(MIN_READ, min(chunk_bytes, per_thread))
+        reads_per_thread = max(1, round(unit_bytes / (threads * chunk_bytes)))
+        return threads, max(MIN_READ, align_up(-(-unit_bytes // (threads * reads_per_thread))))
     read = max(MIN_READ, min(chunk_bytes, align_up(unit_bytes)))
     return max(1, min(threads, units_in_flight * -(-unit_bytes // read))), read
 

@@ -61,15 +61,24 @@ def test_streamed_units_are_split_across_the_io_threads():
 
     threads, read = split_reads(4 << 20, 1_990_000, 8, cores=2)  # a 1.9 MB layer, 2 cores
     assert threads == 2 and read * threads >= 1_990_000 and read % 4096 == 0
+    # A unit a little over two of the device's best reads: still one read per thread, not three.
+    assert split_reads(1 << 20, 2_224_128, 8, cores=2) == (2, 1_114_112)
+    assert split_reads(1 << 20, 6 << 20, 8, cores=2) == (2, 1 << 20)  # three each, all equal
     assert split_reads(1 << 20, 64 << 20, 8, cores=8) == (8, 1 << 20)  # big units: the device's best read
     assert split_reads(1 << 20, 8192, 4, cores=4)[1] == 64 << 10  # never below 64 KiB
     # Several units in flight: each read whole, one I/O thread per read in flight, up to the depth.
     assert split_reads(4 << 20, 1 << 20, 8, cores=2, units_in_flight=14) == (8, 1 << 20)
     assert split_reads(1 << 20, 3 << 20, 8, cores=2, units_in_flight=2) == (6, 1 << 20)
     assert split_reads(4 << 20, 2 << 20, 8, cores=2, units_in_flight=2) == (2, 2 << 20)
+    from edgeflash.kernels._native import read_pieces
+
     m = ef.load("smollm2-135m", memory_budget="60MB", context_length=256)
-    unit = m.engine.plan.staging_bytes // m.engine.plan.io.slots
-    assert m.engine.plan.io.chunk_bytes * m.engine.plan.io.threads >= unit
+    io, unit = m.engine.plan.io, m.engine.plan.unit_bytes
+    pieces = read_pieces(unit, io.chunk_bytes)  # how the reader cuts the largest unit
+    # No I/O thread idles while another still reads: with one unit in flight (two slots) every
+    # thread gets as many equal pieces; with more, each unit's pieces are all in flight at once.
+    even = len(pieces) % io.threads == 0 if io.slots == 2 else len(pieces) <= io.threads
+    assert even and max(pieces) - min(pieces) <= 4096, (io, unit, pieces)
 
 
 def test_streamed_reads_are_split_into_equal_pieces():
