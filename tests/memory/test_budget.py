@@ -14,7 +14,8 @@ import pytest
 
 import edgeflash as ef
 from edgeflash.errors import ModelFormatError, UserError
-from edgeflash.memory.planner import BudgetError, kv_cache_bytes
+from edgeflash.kernels._native import read_pieces
+from edgeflash.memory.planner import BudgetError, kv_cache_bytes, split_reads
 from edgeflash.memory.sizes import parse_size
 
 PROMPT = "The three most useful things to pack for a week of hiking are"
@@ -57,8 +58,6 @@ def test_q8_kv_cache_buys_room_under_a_budget():
 
 
 def test_streamed_units_are_split_across_the_io_threads():
-    from edgeflash.memory.planner import split_reads
-
     threads, read = split_reads(4 << 20, 1_990_000, 8, cores=2)  # a 1.9 MB layer, 2 cores
     assert threads == 2 and read * threads >= 1_990_000 and read % 4096 == 0
     # A unit a little over two of the device's best reads: still one read per thread, not three.
@@ -70,8 +69,6 @@ def test_streamed_units_are_split_across_the_io_threads():
     assert split_reads(4 << 20, 1 << 20, 8, cores=2, units_in_flight=14) == (8, 1 << 20)
     assert split_reads(1 << 20, 3 << 20, 8, cores=2, units_in_flight=2) == (6, 1 << 20)
     assert split_reads(4 << 20, 2 << 20, 8, cores=2, units_in_flight=2) == (2, 2 << 20)
-    from edgeflash.kernels._native import read_pieces
-
     m = ef.load("smollm2-135m", memory_budget="60MB", context_length=256)
     io, unit = m.engine.plan.io, m.engine.plan.unit_bytes
     pieces = read_pieces(unit, io.chunk_bytes)  # how the reader cuts the largest unit
@@ -85,8 +82,6 @@ def test_streamed_reads_are_split_into_equal_pieces():
     """A request is read in as few pieces as the read size allows, all within a page of each
     other, so no I/O thread finishes long before the others (a 1.47 MB head chunk against 1.1 MB
     reads was one full read and a third of one)."""
-    from edgeflash.kernels._native import read_pieces
-
     assert read_pieces(1_474_560, 1_110_016) == [737_280, 737_280]
     for n, chunk in [(1_474_560, 1_110_016), (1_499_136, 749_568), (10 * 4096, 4 * 4096), (5000, 4096),
                      (64 << 20, 1 << 20), (3 * 4096 + 1, 8192)]:
