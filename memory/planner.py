@@ -20,7 +20,7 @@ import os
 from dataclasses import asdict, dataclass, field
 
 from edgeflash.errors import UserError
-from edgeflash.memory.layout import WeightGroup, WeightLayout, align_up
+from edgeflash.memory.layout import ALIGN, WeightGroup, WeightLayout, align_up
 from edgeflash.memory.sizes import format_size
 from edgeflash.runtime.native_engine import HEAD_CHUNK
 from edgeflash.runtime.spec import ModelSpec
@@ -194,12 +194,13 @@ def _plan(layout: WeightLayout, spec: ModelSpec, budget: int, strategy: str, fix
         return sum(g.nbytes for g in layout.layer_groups(i) if g.name not in resident and g.name not in skip)
 
     def staging(resident: set[str]) -> tuple[int, int]:
+        """Staging bytes, and the bytes a streamed head chunk may span (0: head resident)."""
         unit = max([layer_unit(i, resident) for i in range(spec.n_layers)] + [0])
-        head_chunk = 0
-        if head_name and head_name not in resident:
-            head_chunk = max(unit, MIN_HEAD_CHUNK)
-            unit = max(unit, head_chunk)
-        return unit * io.slots, head_chunk
+        head_streams = head_name is not None and head_name not in resident
+        if head_streams:
+            unit = max(unit, MIN_HEAD_CHUNK)
+        slot = unit
+        return slot * io.slots, slot if head_streams else 0
 
     fixed_total = sum(fixed.values())
     minimum = fixed_total + staging(set())[0]
@@ -229,7 +230,8 @@ def _plan(layout: WeightLayout, spec: ModelSpec, budget: int, strategy: str, fix
     if head_name and head_name not in resident:
         row_bytes = layout.locations[groups[head_name].tensors[0]].nbytes // spec.vocab_size
         # at most the engine's logits pass (EngineOptions::head_chunk), whose buffers are sized for it
-        head_chunk_rows = max(1, min(spec.vocab_size, head_chunk_limit, head_chunk_bytes // row_bytes - 2))
+        # a chunk's rows start and end mid-page: their aligned span is up to two pages more
+        head_chunk_rows = max(1, min(spec.vocab_size, head_chunk_limit, (head_chunk_bytes - 2 * ALIGN) // row_bytes))
     streamed = [n for n in order if n not in resident]
     # An embedding table serves one row per token; as the tied head it is read whole every pass.
     per_pass = sum(groups[n].nbytes for n in streamed if n != "embedding" or n == head_name)

@@ -14,7 +14,8 @@ size_t StreamUnit::bytes() const {
 }
 
 StreamingWeights::StreamingWeights(std::shared_ptr<DirectReader> reader, engine::ResidentLayers* resident,
-                                   int64_t n_layers, std::vector<StreamUnit> units, int slots, bool prefetch)
+                                   int64_t n_layers, std::vector<StreamUnit> units, int slots, size_t slot_bytes,
+                                   bool prefetch)
     : reader_(std::move(reader)), resident_(resident), units_(std::move(units)), layer_unit_(n_layers, -1),
       prefetch_(prefetch) {
   if (slots < 1) throw std::invalid_argument("streaming: at least one staging slot is needed");
@@ -39,7 +40,8 @@ StreamingWeights::StreamingWeights(std::shared_ptr<DirectReader> reader, engine:
       seen_head = true;
     }
   }
-  for (int i = 0; i < slots; ++i) slots_.emplace_back(largest);
+  if (slot_bytes && slot_bytes < largest) throw std::invalid_argument("streaming: a staging slot must hold the largest unit");
+  for (int i = 0; i < slots; ++i) slots_.emplace_back(std::max(largest, slot_bytes));
   slot_busy_.assign(slots_.size(), false);
 }
 

@@ -46,9 +46,10 @@ struct StreamStats {
 class StreamingWeights : public engine::LayerSource, public engine::HeadSource {
  public:
   // `resident` has every resident tensor of every layer set; streamed ones are filled per pass.
-  // `slots` staging buffers of the largest unit; prefetch keeps up to `slots` units in flight.
+  // `slots` staging buffers of `slot_bytes` (0: the largest unit's size; the plan may round it up
+  // to whole huge pages); prefetch keeps up to `slots` units in flight.
   StreamingWeights(std::shared_ptr<DirectReader> reader, engine::ResidentLayers* resident, int64_t n_layers,
-                   std::vector<StreamUnit> units, int slots, bool prefetch);
+                   std::vector<StreamUnit> units, int slots, size_t slot_bytes, bool prefetch);
   ~StreamingWeights() override { drain(); }  // no read may land in a freed staging slot
 
   // LayerSource
