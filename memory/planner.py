@@ -20,6 +20,7 @@ import os
 from dataclasses import asdict, dataclass, field
 
 from edgeflash.errors import UserError
+from edgeflash.memory.huge_pages import staging_slot_bytes
 from edgeflash.memory.layout import ALIGN, WeightGroup, WeightLayout, align_up
 from edgeflash.memory.sizes import format_size
 from edgeflash.runtime.native_engine import HEAD_CHUNK
@@ -94,7 +95,8 @@ class MemoryPlan:
 
     @property
     def unit_bytes(self) -> int:
-        """One staging slot: the largest unit a pass streams."""
+        """One staging slot: the largest unit a pass streams, rounded up to whole huge pages when
+        that costs little (`staging_slot_bytes`)."""
         return self.staging_bytes // self.io.slots if self.io.slots else 0
 
     @property
@@ -199,7 +201,7 @@ def _plan(layout: WeightLayout, spec: ModelSpec, budget: int, strategy: str, fix
         head_streams = head_name is not None and head_name not in resident
         if head_streams:
             unit = max(unit, MIN_HEAD_CHUNK)
-        slot = unit
+        slot = staging_slot_bytes(unit)
         return slot * io.slots, slot if head_streams else 0
 
     fixed_total = sum(fixed.values())

@@ -1,6 +1,7 @@
 #include "direct_reader.h"
 
 #include <fcntl.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -35,25 +36,52 @@ std::vector<size_t> split_request(size_t n, size_t chunk_bytes) {
 
 AlignedBuffer::AlignedBuffer(size_t bytes) : size_(align_up(bytes)) {
   if (size_ == 0) return;
+  if (size_ >= kHugePage) {
+    // Map a huge page more than needed, keep the part that starts on a huge-page boundary.
+    const size_t span = size_ + kHugePage;
+    void* p = ::mmap(nullptr, span, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (p == MAP_FAILED) throw std::bad_alloc();
+    const uintptr_t at = reinterpret_cast<uintptr_t>(p);
+    const uintptr_t start = (at + kHugePage - 1) / kHugePage * kHugePage;
+    if (start > at) ::munmap(p, start - at);
+    if (at + span > start + size_) ::munmap(reinterpret_cast<void*>(start + size_), at + span - (start + size_));
+    // Advice only: where transparent huge pages are off the buffer keeps 4 KiB pages, still correct.
+    ::madvise(reinterpret_cast<void*>(start), size_, MADV_HUGEPAGE);
+    data_ = reinterpret_cast<uint8_t*>(start);
+    mapped_ = true;
+    return;
+  }
   void* p = nullptr;
   if (posix_memalign(&p, kIoAlignment, size_) != 0) throw std::bad_alloc();
   data_ = static_cast<uint8_t*>(p);
 }
 
-AlignedBuffer::~AlignedBuffer() { std::free(data_); }
+AlignedBuffer::~AlignedBuffer() { release(); }
 
-AlignedBuffer::AlignedBuffer(AlignedBuffer&& other) noexcept : data_(other.data_), size_(other.size_) {
+void AlignedBuffer::release() {
+  if (mapped_) ::munmap(data_, size_);
+  else std::free(data_);
+  data_ = nullptr;
+  size_ = 0;
+  mapped_ = false;
+}
+
+AlignedBuffer::AlignedBuffer(AlignedBuffer&& other) noexcept
+    : data_(other.data_), size_(other.size_), mapped_(other.mapped_) {
   other.data_ = nullptr;
   other.size_ = 0;
+  other.mapped_ = false;
 }
 
 AlignedBuffer& AlignedBuffer::operator=(AlignedBuffer&& other) noexcept {
   if (this != &other) {
-    std::free(data_);
+    release();
     data_ = other.data_;
     size_ = other.size_;
+    mapped_ = other.mapped_;
     other.data_ = nullptr;
     other.size_ = 0;
+    other.mapped_ = false;
   }
   return *this;
 }

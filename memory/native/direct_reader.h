@@ -88,7 +88,9 @@ class DirectReader {
   std::atomic<uint64_t> bytes_read_{0}, requests_{0}, wait_ns_{0};
 };
 
-// 4 KiB-aligned heap memory for direct-I/O destinations.
+// 4 KiB-aligned memory for direct-I/O destinations. A buffer of at least one huge page (2 MiB)
+// is mapped on a huge-page boundary and asks for transparent huge pages: a direct read into
+// physically contiguous memory is one scatter-gather segment instead of one per 4 KiB page.
 class AlignedBuffer {
  public:
   AlignedBuffer() = default;
@@ -102,9 +104,14 @@ class AlignedBuffer {
   size_t size() const { return size_; }
 
  private:
+  void release();
+
   uint8_t* data_ = nullptr;
   size_t size_ = 0;
+  bool mapped_ = false;  // from mmap (huge-page aligned), else from posix_memalign
 };
+
+constexpr size_t kHugePage = size_t{2} << 20;
 
 inline size_t align_up(size_t n, size_t a = kIoAlignment) { return (n + a - 1) / a * a; }
 inline int64_t align_down(int64_t n, int64_t a = kIoAlignment) { return n / a * a; }
