@@ -148,7 +148,7 @@ class BudgetedEngine(NativeEngine):
             embedding = {"offset": loc.offset, "fmt": t.fmt, "rows": t.rows, "cols": t.cols}
         try:
             self._engine.set_streaming(str(layout.path), direct, plan.io.threads, plan.io.chunk_bytes, units,
-                                       plan.io.slots, plan.io.prefetch, embedding, slot_bytes=plan.unit_bytes)
+                                       plan.io.slots, plan.io.prefetch, embedding, staging_bytes=plan.staging_bytes)
             if approx is not None:
                 approx.install(self._engine)
         except (ValueError, RuntimeError) as e:

@@ -7,9 +7,10 @@ the kernel splits it; into a 2 MiB huge page it is one segment. The native stagi
 more on a huge-page boundary and ask for huge pages (madvise, which is only advice: where the
 kernel has them off the buffers keep 4 KiB pages and every read is still correct).
 
-Only whole huge pages inside a buffer can be huge, so a slot just under 2 MiB (SmolLM2's layers
-at a quarter budget are 1.91 MiB) would get none: the planner rounds a slot up to whole huge
-pages when that costs at most an eighth of it, and counts the rounded size in the budget.
+Only whole huge pages inside a buffer can be huge, so the staging slots share one arena (slots
+of 1 MiB still sit in huge pages) and the planner rounds the arena up to whole huge pages when
+that costs at most an eighth of it, counting the rounded size in the budget: SmolLM2's two 1.91
+MiB slots at a quarter budget take 4 MiB instead of 3.82.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ import functools
 from pathlib import Path
 
 HUGE_PAGE = 2 << 20
-MAX_ROUNDING = 1 / 8  # of the slot: beyond it the bytes are worth more as resident weights
+MAX_ROUNDING = 1 / 8  # of the arena: beyond it the bytes are worth more as resident weights
 THP_DIR = Path("/sys/kernel/mm/transparent_hugepage")
 
 
@@ -33,9 +34,17 @@ def transparent_huge_pages() -> bool:
     return "[never]" not in enabled and size == str(HUGE_PAGE)
 
 
-def staging_slot_bytes(unit: int, huge_pages: bool | None = None) -> int:
-    """Bytes of a staging slot that holds units of up to `unit` bytes."""
-    if huge_pages is None:
-        huge_pages = transparent_huge_pages()
-    rounded = -(-unit // HUGE_PAGE) * HUGE_PAGE
-    return rounded if huge_pages and unit and rounded - unit <= unit * MAX_ROUNDING else unit
+def whole_huge_pages(nbytes: int) -> int:
+    """`nbytes` rounded up to whole huge pages where the kernel has them (else `nbytes`)."""
+    return -(-nbytes // HUGE_PAGE) * HUGE_PAGE if transparent_huge_pages() else nbytes
+
+
+def fills_huge_pages(nbytes: int) -> bool:
+    """True when a buffer of `nbytes` can sit wholly in huge pages."""
+    return nbytes > 0 and nbytes % HUGE_PAGE == 0 and transparent_huge_pages()
+
+
+def staging_arena_bytes(slots_bytes: int) -> int:
+    """Bytes of the one arena that holds `slots_bytes` of staging slots."""
+    rounded = whole_huge_pages(slots_bytes)
+    return rounded if rounded - slots_bytes <= slots_bytes * MAX_ROUNDING else slots_bytes

@@ -20,7 +20,7 @@ import os
 from dataclasses import asdict, dataclass, field
 
 from edgeflash.errors import UserError
-from edgeflash.memory.huge_pages import staging_slot_bytes
+from edgeflash.memory.huge_pages import fills_huge_pages, staging_arena_bytes, whole_huge_pages
 from edgeflash.memory.layout import ALIGN, WeightGroup, WeightLayout, align_up
 from edgeflash.memory.sizes import format_size
 from edgeflash.runtime.native_engine import HEAD_CHUNK
@@ -87,17 +87,12 @@ class MemoryPlan:
     head_chunk_rows: int  # rows per streamed head chunk (0 = head resident)
     io: IoSettings
     stream_bytes_per_pass: int  # flash bytes a forward pass reads (layers, plus the head when it needs logits)
+    unit_bytes: int  # one staging slot: the largest unit a pass streams (the slots share one arena)
     notes: list[str] = field(default_factory=list)
 
     @property
     def fixed_bytes(self) -> int:
         return sum(self.fixed.values())
-
-    @property
-    def unit_bytes(self) -> int:
-        """One staging slot: the largest unit a pass streams, rounded up to whole huge pages when
-        that costs little (`staging_slot_bytes`)."""
-        return self.staging_bytes // self.io.slots if self.io.slots else 0
 
     @property
     def total(self) -> int:
@@ -113,7 +108,8 @@ class MemoryPlan:
         for name, n in self.fixed.items():
             lines.append(f"  {name:<18} {format_size(n):>12}")
         lines.append(f"  {'resident weights':<18} {format_size(self.resident_bytes):>12}  ({len(self.resident)} groups)")
-        lines.append(f"  {'staging buffers':<18} {format_size(self.staging_bytes):>12}  ({self.io.slots} x unit, "
+        lines.append(f"  {'staging buffers':<18} {format_size(self.staging_bytes):>12}  ({self.io.slots} x "
+                     f"{format_size(self.unit_bytes)}{' in huge pages' if fills_huge_pages(self.staging_bytes) else ''}, "
                      f"{self.io.threads} I/O threads, {format_size(self.io.chunk_bytes)} reads"
                      f"{', prefetch' if self.io.prefetch else ''})")
         lines.append(f"  streamed: {len(self.streamed)} groups, {format_size(self.stream_bytes_per_pass)} per token")
@@ -131,7 +127,7 @@ def make_plan(layout: WeightLayout, spec: ModelSpec, budget: int, strategy: str,
         raise UserError(f"strategy = {strategy!r}: expected one of {', '.join(STRATEGIES)}")
     args = (layout, spec, budget, strategy, fixed, io_threads, chunk_bytes, skip, full_head, head_chunk_limit)
     if strategy != "flash":
-        return _plan(*args, slots=1)
+        return _round_staging_to_huge_pages(_plan(*args, slots=1))
     # Prefetch needs at least two staging slots; a third lets reads run two units ahead, but under
     # a tight budget its bytes are worth more as resident weights. Keep whichever reads less per
     # token (the deeper prefetch on a tie).
@@ -143,7 +139,8 @@ def make_plan(layout: WeightLayout, spec: ModelSpec, budget: int, strategy: str,
             error = e
     if not plans:
         raise error
-    return _shape_reads(_deepen_prefetch(min(plans, key=lambda p: p.stream_bytes_per_pass)), io_threads, chunk_bytes)
+    plan = _deepen_prefetch(min(plans, key=lambda p: p.stream_bytes_per_pass))
+    return _shape_reads(_round_staging_to_huge_pages(plan), io_threads, chunk_bytes)
 
 
 def _deepen_prefetch(plan: MemoryPlan) -> MemoryPlan:
@@ -153,11 +150,19 @@ def _deepen_prefetch(plan: MemoryPlan) -> MemoryPlan:
     process, 6 rounds interleaved). Residency is decided first, so this never streams more."""
     if not plan.io.prefetch or not plan.staging_bytes:
         return plan
-    unit = plan.unit_bytes
-    extra = min((plan.budget - plan.total) // unit, MAX_PREFETCH_SLOTS - plan.io.slots)
-    if extra > 0:
-        plan.io.slots += extra
-        plan.staging_bytes += extra * unit
+    room = plan.budget - plan.fixed_bytes - plan.resident_bytes
+    while plan.io.slots < MAX_PREFETCH_SLOTS and staging_arena_bytes(plan.unit_bytes * (plan.io.slots + 1)) <= room:
+        plan.io.slots += 1
+        plan.staging_bytes = staging_arena_bytes(plan.unit_bytes * plan.io.slots)
+    return plan
+
+
+def _round_staging_to_huge_pages(plan: MemoryPlan) -> MemoryPlan:
+    """Budget left once everything else is decided rounds the staging arena up to whole huge pages
+    (memory/huge_pages.py), however much that adds: a slot of 1 MiB then sits in a huge page too."""
+    rounded = whole_huge_pages(plan.staging_bytes)
+    if plan.total + rounded - plan.staging_bytes <= plan.budget:
+        plan.staging_bytes = rounded
     return plan
 
 
@@ -195,14 +200,13 @@ def _plan(layout: WeightLayout, spec: ModelSpec, budget: int, strategy: str, fix
     def layer_unit(i: int, resident: set[str]) -> int:
         return sum(g.nbytes for g in layout.layer_groups(i) if g.name not in resident and g.name not in skip)
 
-    def staging(resident: set[str]) -> tuple[int, int]:
-        """Staging bytes, and the bytes a streamed head chunk may span (0: head resident)."""
+    def staging(resident: set[str]) -> tuple[int, int, int]:
+        """Staging bytes, one slot (the largest unit), the bytes a streamed head chunk may span."""
         unit = max([layer_unit(i, resident) for i in range(spec.n_layers)] + [0])
         head_streams = head_name is not None and head_name not in resident
         if head_streams:
             unit = max(unit, MIN_HEAD_CHUNK)
-        slot = staging_slot_bytes(unit)
-        return slot * io.slots, slot if head_streams else 0
+        return staging_arena_bytes(unit * io.slots), unit, unit if head_streams else 0
 
     fixed_total = sum(fixed.values())
     minimum = fixed_total + staging(set())[0]
@@ -227,7 +231,7 @@ def _plan(layout: WeightLayout, spec: ModelSpec, budget: int, strategy: str, fix
         spread = _spread_streamed(resident, order, groups)
         if cost(spread) <= budget and staging(spread)[0] <= staging(resident)[0]:
             resident = spread
-    staging_bytes, head_chunk_bytes = staging(resident)
+    staging_bytes, unit_bytes, head_chunk_bytes = staging(resident)
     head_chunk_rows = 0
     if head_name and head_name not in resident:
         row_bytes = layout.locations[groups[head_name].tensors[0]].nbytes // spec.vocab_size
@@ -240,7 +244,7 @@ def _plan(layout: WeightLayout, spec: ModelSpec, budget: int, strategy: str, fix
     plan = MemoryPlan(budget=budget, strategy=strategy, fixed=fixed, resident=[n for n in order if n in resident],
                       streamed=streamed, resident_bytes=sum(groups[n].nbytes for n in resident),
                       staging_bytes=staging_bytes, head_chunk_rows=head_chunk_rows, io=io,
-                      stream_bytes_per_pass=per_pass)
+                      stream_bytes_per_pass=per_pass, unit_bytes=unit_bytes)
     if "embedding" in streamed:
         plan.notes.append("embedding rows are read on demand (one 4 KiB page per token)")
     return plan

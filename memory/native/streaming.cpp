@@ -14,7 +14,7 @@ size_t StreamUnit::bytes() const {
 }
 
 StreamingWeights::StreamingWeights(std::shared_ptr<DirectReader> reader, engine::ResidentLayers* resident,
-                                   int64_t n_layers, std::vector<StreamUnit> units, int slots, size_t slot_bytes,
+                                   int64_t n_layers, std::vector<StreamUnit> units, int slots, size_t staging_bytes,
                                    bool prefetch)
     : reader_(std::move(reader)), resident_(resident), units_(std::move(units)), layer_unit_(n_layers, -1),
       prefetch_(prefetch) {
@@ -40,16 +40,18 @@ StreamingWeights::StreamingWeights(std::shared_ptr<DirectReader> reader, engine:
       seen_head = true;
     }
   }
-  if (slot_bytes && slot_bytes < largest) throw std::invalid_argument("streaming: a staging slot must hold the largest unit");
-  for (int i = 0; i < slots; ++i) slots_.emplace_back(std::max(largest, slot_bytes));
+  // One arena holds every slot, so that slots smaller than a huge page still sit in huge pages.
+  const size_t slot = align_up(largest);
+  const size_t need = slot * static_cast<size_t>(slots);
+  if (staging_bytes && staging_bytes < need)
+    throw std::invalid_argument("streaming: the staging arena must hold " + std::to_string(slots) + " units of " +
+                                std::to_string(slot) + " bytes");
+  arena_ = AlignedBuffer(std::max(need, staging_bytes));
+  for (int i = 0; i < slots; ++i) slots_.push_back(arena_.data() + static_cast<size_t>(i) * slot);
   slot_busy_.assign(slots_.size(), false);
 }
 
-size_t StreamingWeights::staging_bytes() const {
-  size_t n = 0;
-  for (const AlignedBuffer& b : slots_) n += b.size();
-  return n;
-}
+size_t StreamingWeights::staging_bytes() const { return arena_.size(); }
 
 int64_t StreamingWeights::first_layer_unit() const {
   return units_.size() > head_units_.size() ? 0 : -1;
@@ -73,7 +75,7 @@ void StreamingWeights::issue_one() {
     }
   if (slot < 0) throw std::logic_error("streaming: no free staging slot");
   const int64_t u = pending_next_;
-  uint8_t* dst = slots_[slot].data();
+  uint8_t* dst = slots_[slot];
   uint64_t ticket = 0;
   for (const auto& [offset, bytes] : units_[u].ranges) {  // ranges land back to back in the slot
     if (ticket) reader_->wait(ticket);  // more than one range is rare; keep one ticket per unit
@@ -161,7 +163,7 @@ const engine::LayerWeights& StreamingWeights::acquire(int64_t layer) {
   if (u < 0) return resident_->acquire(layer);
   const InFlight& f = wait_front(u);
   current_ = resident_->at(layer);
-  const uint8_t* base = slots_[f.slot].data();
+  const uint8_t* base = slots_[f.slot];
   WeightMatrix* matrices[] = {&current_.q, &current_.k, &current_.v, &current_.o, &current_.gate,
                               &current_.up, &current_.down, &current_.pred_a, &current_.pred_b};
   const float** vectors[] = {&current_.attn_norm, &current_.ffn_norm, &current_.post_attn_norm,
@@ -187,7 +189,7 @@ const WeightMatrix& StreamingWeights::acquire_chunk(int64_t chunk, int64_t* firs
   const int64_t u = head_units_.at(chunk);
   const InFlight& f = wait_front(u);
   const StreamedTensor& t = units_[u].tensors[0];
-  head_chunk_ = WeightMatrix{slots_[f.slot].data() + t.offset, static_cast<size_t>(t.rows) * row_bytes(t.fmt, t.cols),
+  head_chunk_ = WeightMatrix{slots_[f.slot] + t.offset, static_cast<size_t>(t.rows) * row_bytes(t.fmt, t.cols),
                              t.fmt, t.rows, t.cols, 0};
   *first_row = units_[u].head_row0;
   return head_chunk_;

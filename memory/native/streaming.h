@@ -46,10 +46,10 @@ struct StreamStats {
 class StreamingWeights : public engine::LayerSource, public engine::HeadSource {
  public:
   // `resident` has every resident tensor of every layer set; streamed ones are filled per pass.
-  // `slots` staging buffers of `slot_bytes` (0: the largest unit's size; the plan may round it up
-  // to whole huge pages); prefetch keeps up to `slots` units in flight.
+  // `slots` staging slots of the largest unit, in one arena of `staging_bytes` (0: just the slots;
+  // the plan may round it up to whole huge pages); prefetch keeps up to `slots` units in flight.
   StreamingWeights(std::shared_ptr<DirectReader> reader, engine::ResidentLayers* resident, int64_t n_layers,
-                   std::vector<StreamUnit> units, int slots, size_t slot_bytes, bool prefetch);
+                   std::vector<StreamUnit> units, int slots, size_t staging_bytes, bool prefetch);
   ~StreamingWeights() override { drain(); }  // no read may land in a freed staging slot
 
   // LayerSource
@@ -85,7 +85,8 @@ class StreamingWeights : public engine::LayerSource, public engine::HeadSource {
   std::vector<StreamUnit> units_;
   std::vector<int64_t> layer_unit_;  // layer -> unit index or -1 (fully resident)
   std::vector<int64_t> head_units_;  // head chunk -> unit index
-  std::vector<AlignedBuffer> slots_;
+  AlignedBuffer arena_;
+  std::vector<uint8_t*> slots_;  // into arena_
   std::vector<bool> slot_busy_;
   bool prefetch_;
   bool needs_head_ = true;

@@ -202,11 +202,11 @@ class PyEngine {
   // Stream the listed units from `path` (layers not listed stay resident, as set_matrix/set_vector
   // gave them). A unit: {"layer": i | "head_chunk": c, "row0": r, "ranges": [(offset, bytes)],
   // "tensors": [{"target", "offset", "fmt", "rows", "cols"}]}. `embedding`: {"offset", "fmt",
-  // "rows", "cols"} to read embedding rows on demand, or None for the resident table. `slot_bytes`:
-  // each staging slot's size (0: the largest unit's).
+  // "rows", "cols"} to read embedding rows on demand, or None for the resident table.
+  // `staging_bytes`: the staging slots' arena (0: just the slots).
   void set_streaming(const std::string& path, bool direct, int io_threads, int64_t chunk_bytes,
                      const std::vector<nb::dict>& units, int slots, bool prefetch, nb::object embedding,
-                     int64_t slot_bytes) {
+                     int64_t staging_bytes) {
     const ModelShape& s = engine_->shape();
     std::vector<memory::StreamUnit> plan;
     for (const nb::dict& d : units) {
@@ -246,9 +246,9 @@ class PyEngine {
       plan.push_back(std::move(u));
     }
     reader_ = std::make_shared<memory::DirectReader>(path, direct, io_threads, static_cast<size_t>(chunk_bytes));
-    if (slot_bytes < 0) throw KernelError("slot_bytes must be >= 0");
+    if (staging_bytes < 0) throw KernelError("staging_bytes must be >= 0");
     streaming_ = std::make_unique<memory::StreamingWeights>(reader_, &layers_, s.n_layers, std::move(plan), slots,
-                                                            static_cast<size_t>(slot_bytes), prefetch);
+                                                            static_cast<size_t>(staging_bytes), prefetch);
     engine_->set_layer_source(streaming_.get());
     engine_->set_head_source(streaming_->streams_head() ? streaming_.get() : nullptr);
     if (!embedding.is_none()) {
@@ -399,7 +399,7 @@ void register_engine(nb::module_& m) {
            nb::arg("logit_rows"), nb::arg("logits"))
       .def("set_streaming", &PyEngine::set_streaming, nb::arg("path"), nb::arg("direct"), nb::arg("io_threads"),
            nb::arg("chunk_bytes"), nb::arg("units"), nb::arg("slots"), nb::arg("prefetch"),
-           nb::arg("embedding").none(), nb::arg("slot_bytes") = 0)
+           nb::arg("embedding").none(), nb::arg("staging_bytes") = 0)
       .def("io_stats", &PyEngine::io_stats)
       .def("set_sparse_ffn", &PyEngine::set_sparse_ffn, nb::arg("layers"), nb::arg("formats"), nb::arg("capacity"),
            nb::arg("window"))

@@ -13,32 +13,47 @@ import pytest
 
 import edgeflash as ef
 from edgeflash.memory import huge_pages
-from edgeflash.memory.huge_pages import HUGE_PAGE, staging_slot_bytes, transparent_huge_pages
+from edgeflash.memory.huge_pages import HUGE_PAGE, staging_arena_bytes, transparent_huge_pages
 
 MiB = 2**20
 
 
-def test_slots_round_up_to_huge_pages_only_when_it_costs_little():
-    assert staging_slot_bytes(int(1.91 * MiB), huge_pages=True) == 2 * MiB  # SmolLM2's layers at 25%
-    assert staging_slot_bytes(15 * MiB, huge_pages=True) == 16 * MiB
-    assert staging_slot_bytes(int(2.1 * MiB), huge_pages=True) == int(2.1 * MiB)  # its first 2 MiB are huge already
-    assert staging_slot_bytes(1 * MiB, huge_pages=True) == 1 * MiB  # doubling it costs more than it gains
-    assert staging_slot_bytes(int(1.91 * MiB), huge_pages=False) == int(1.91 * MiB)
-    assert staging_slot_bytes(0, huge_pages=True) == 0
+def test_the_arena_rounds_up_to_huge_pages_when_it_costs_little(monkeypatch):
+    monkeypatch.setattr(huge_pages, "transparent_huge_pages", lambda: True)
+    assert staging_arena_bytes(int(2 * 1.91 * MiB)) == 4 * MiB  # SmolLM2's two slots at 25%
+    assert staging_arena_bytes(15 * MiB) == 16 * MiB
+    assert staging_arena_bytes(int(2.1 * MiB)) == int(2.1 * MiB)  # its first 2 MiB are huge already
+    assert staging_arena_bytes(1 * MiB) == 1 * MiB  # doubling it costs more than resident bytes gain
+    assert staging_arena_bytes(0) == 0
+    monkeypatch.setattr(huge_pages, "transparent_huge_pages", lambda: False)
+    assert staging_arena_bytes(int(2 * 1.91 * MiB)) == int(2 * 1.91 * MiB)
 
 
-def test_the_rounded_slot_is_counted_in_the_budget(monkeypatch, smol_bundle):
-    """The plan holds the slots at their rounded size and still fits the budget; without huge pages
-    the same budget plans slots of exactly the largest unit."""
+def plans_with_and_without_huge_pages(monkeypatch, model, budget: str, strategy: str) -> tuple:
     plans = {}
-    for available in (True, False):
+    for available in (False, True):  # left on for the caller
         monkeypatch.setattr(huge_pages, "transparent_huge_pages", lambda: available)
-        plans[available] = ef.load(smol_bundle, memory_budget="33MB", strategy="flash").engine.plan
-    rounded, exact = plans[True], plans[False]
-    assert rounded.unit_bytes % HUGE_PAGE == 0
-    assert exact.unit_bytes % HUGE_PAGE != 0 and exact.unit_bytes < rounded.unit_bytes
+        plans[available] = ef.load(model, memory_budget=budget, strategy=strategy, context_length=256).engine.plan
+    return plans[True], plans[False]
+
+
+def test_the_rounded_arena_is_counted_in_the_budget(monkeypatch, smol_bundle):
+    """SmolLM2's two 1.91 MiB slots at a quarter budget take 4 MiB, inside the budget; without huge
+    pages the same budget plans exactly the slots."""
+    rounded, exact = plans_with_and_without_huge_pages(monkeypatch, smol_bundle, "33MB", "flash")
+    assert rounded.staging_bytes % HUGE_PAGE == 0 and rounded.staging_bytes > rounded.io.slots * rounded.unit_bytes
+    assert exact.staging_bytes == exact.io.slots * exact.unit_bytes and exact.staging_bytes % HUGE_PAGE
     assert rounded.total <= rounded.budget and exact.total <= exact.budget
-    assert rounded.staging_bytes == rounded.io.slots * rounded.unit_bytes
+    assert "in huge pages" in rounded.describe() and "in huge pages" not in exact.describe()
+
+
+def test_spare_budget_rounds_any_arena_up(monkeypatch):
+    """Room no weight group fits in rounds even a one-slot 1 MiB arena (hybrid streaming Gemma 3's
+    head) up to a huge page, streaming the same bytes; never past the budget."""
+    rounded, exact = plans_with_and_without_huge_pages(monkeypatch, "gemma3-270m", "150MB", "hybrid")
+    assert exact.staging_bytes == exact.unit_bytes == 1 * MiB
+    assert rounded.staging_bytes == HUGE_PAGE and rounded.unit_bytes == 1 * MiB
+    assert rounded.stream_bytes_per_pass == exact.stream_bytes_per_pass and rounded.total <= rounded.budget
 
 
 SMAPS_SCRIPT = textwrap.dedent("""
@@ -58,8 +73,7 @@ SMAPS_SCRIPT = textwrap.dedent("""
             elif key == "VmFlags" and "hg" in rest.split():
                 advised += size
                 huge += anon_huge
-    plan = m.engine.plan
-    print(json.dumps({"slot": plan.unit_bytes, "slots": plan.io.slots, "advised_kb": advised, "huge_kb": huge}))
+    print(json.dumps({"staging": m.engine.plan.staging_bytes, "advised_kb": advised, "huge_kb": huge}))
 """)
 
 
@@ -69,14 +83,15 @@ SMAPS_SCRIPT = textwrap.dedent("""
 @pytest.mark.parametrize("strategy", ["flash", "hybrid"])
 def test_staging_slots_are_backed_by_huge_pages(strategy, smol_bundle):
     """In a fresh process (numpy's own huge-page advice off, so every advised mapping is ours), the
-    staging slots of a quarter-budget SmolLM2 bundle (1.91 MiB layers) sit in huge pages once reads have filled them."""
+    staging arena of a quarter-budget SmolLM2 bundle (1.91 MiB layers) sits in huge pages once
+    reads have filled it."""
     env = {**os.environ, "NUMPY_MADVISE_HUGEPAGE": "0"}
     proc = subprocess.run([sys.executable, "-c", SMAPS_SCRIPT, str(smol_bundle), "33MB", strategy],
                           capture_output=True, text=True, timeout=600, env=env)
     assert proc.returncode == 0, proc.stderr[-2000:]
     out = json.loads(proc.stdout.strip().splitlines()[-1])
     print(out)
-    slots_kb = out["slots"] * out["slot"] // 1024
-    assert out["slot"] % HUGE_PAGE == 0
-    assert out["advised_kb"] >= slots_kb
-    assert out["huge_kb"] >= slots_kb, "the kernel gave 4 KiB pages (memory too fragmented for 2 MiB ones?)"
+    staging_kb = out["staging"] // 1024
+    assert out["staging"] % HUGE_PAGE == 0
+    assert out["advised_kb"] >= staging_kb
+    assert out["huge_kb"] >= staging_kb, "the kernel gave 4 KiB pages (memory too fragmented for 2 MiB ones?)"
