@@ -1,16 +1,17 @@
 """Staging slots sized for transparent huge pages.
 
 A direct read lands straight in the destination's physical pages. Into ordinary 4 KiB pages a
-1 MiB read is 256 scatter-gather segments, more than many block devices take in one request, so
-the kernel splits it; into a 2 MiB huge page it is one segment. The native staging buffers
-(`AlignedBuffer` in memory/native/direct_reader.cpp) therefore map anything of a huge page or
-more on a huge-page boundary and ask for huge pages (madvise, which is only advice: where the
-kernel has them off the buffers keep 4 KiB pages and every read is still correct).
+1 MiB read is a list of 256 scatter-gather segments that the device handles one by one; into a
+2 MiB huge page it is one segment. On a virtual disk that made reads about twice as fast
+(docs/memory-budget.md). The native staging buffers (`AlignedBuffer` in
+memory/native/direct_reader.cpp) therefore map anything of a huge page or more on a huge-page
+boundary and ask for huge pages (madvise, which is only advice: where the kernel has them off the
+buffers keep 4 KiB pages and every read is still correct).
 
 Only whole huge pages inside a buffer can be huge, so the staging slots share one arena (slots
 of 1 MiB still sit in huge pages) and the planner rounds the arena up to whole huge pages when
-that costs at most an eighth of it, counting the rounded size in the budget: SmolLM2's two 1.91
-MiB slots at a quarter budget take 4 MiB instead of 3.82.
+that costs at most an eighth of it, or when the budget has the room left anyway; the rounded
+size counts in the budget. SmolLM2's two 1.91 MiB slots at a quarter budget take 4 MiB, not 3.82.
 """
 
 from __future__ import annotations

@@ -9,7 +9,8 @@ gives, nor less than its compute. So for a configuration streaming B bytes a tok
 with compute time from the unbudgeted engine (exact mode does the same arithmetic; approximate
 configurations are given B / rate alone, which only raises their ceiling). The read rates come from
 direct reads of the bundle's own weights.bin, the same number of bytes a token as hybrid streams,
-read 8 times over as a run reads them every token (so the host's cache is as warm as in the runs):
+read 8 times over as a run reads them every token (so the host's cache is as warm as in the runs),
+into a buffer in huge pages as the runs' staging arena is:
 one read of hybrid's unit at a time (hybrid's own pattern), and several reads in flight in a few
 shapes (the fastest counts). This machine's virtual disk changes speed from minute to minute, which
 is why the ceiling is measured per round rather than once.
