@@ -200,21 +200,24 @@ def _plan(layout: WeightLayout, spec: ModelSpec, budget: int, strategy: str, fix
     def layer_unit(i: int, resident: set[str]) -> int:
         return sum(g.nbytes for g in layout.layer_groups(i) if g.name not in resident and g.name not in skip)
 
-    def staging(resident: set[str]) -> tuple[int, int, int]:
-        """Staging bytes, one slot (the largest unit), the bytes a streamed head chunk may span."""
+    def staging(resident: set[str], huge_pages: bool = True) -> tuple[int, int, int]:
+        """Staging bytes (the arena rounded to huge pages when that costs little, or just the
+        slots), one slot (the largest unit), the bytes a streamed head chunk may span."""
         unit = max([layer_unit(i, resident) for i in range(spec.n_layers)] + [0])
         head_streams = head_name is not None and head_name not in resident
         if head_streams:
             unit = max(unit, MIN_HEAD_CHUNK)
-        return staging_arena_bytes(unit * io.slots), unit, unit if head_streams else 0
+        slots_bytes = unit * io.slots
+        return staging_arena_bytes(slots_bytes) if huge_pages else slots_bytes, unit, unit if head_streams else 0
 
     fixed_total = sum(fixed.values())
-    minimum = fixed_total + staging(set())[0]
+    least_staging = staging(set(), huge_pages=False)[0]  # rounding up to huge pages is never what refuses
+    minimum = fixed_total + least_staging
     if minimum > budget:
         raise BudgetError(
             f"memory budget {format_size(budget)} is too small for this model: at least {format_size(minimum)} "
             f"is needed ({', '.join(f'{k} {format_size(v)}' for k, v in fixed.items())}, "
-            f"staging {format_size(staging(set())[0])}); raise --memory-budget or shorten the context", minimum)
+            f"staging {format_size(least_staging)}); raise --memory-budget or shorten the context", minimum)
 
     def cost(resident: set[str]) -> int:
         return fixed_total + sum(groups[n].nbytes for n in resident) + staging(resident)[0]
@@ -232,6 +235,8 @@ def _plan(layout: WeightLayout, spec: ModelSpec, budget: int, strategy: str, fix
         if cost(spread) <= budget and staging(spread)[0] <= staging(resident)[0]:
             resident = spread
     staging_bytes, unit_bytes, head_chunk_bytes = staging(resident)
+    if cost(resident) > budget:  # only near the minimum: the slots fit, their rounding does not
+        staging_bytes = staging(resident, huge_pages=False)[0]
     head_chunk_rows = 0
     if head_name and head_name not in resident:
         row_bytes = layout.locations[groups[head_name].tensors[0]].nbytes // spec.vocab_size

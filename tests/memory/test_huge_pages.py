@@ -95,3 +95,22 @@ def test_staging_slots_are_backed_by_huge_pages(strategy, smol_bundle):
     assert out["staging"] % HUGE_PAGE == 0
     assert out["advised_kb"] >= staging_kb
     assert out["huge_kb"] >= staging_kb, "the kernel gave 4 KiB pages (memory too fragmented for 2 MiB ones?)"
+
+
+def test_rounding_never_refuses_a_budget(monkeypatch, smol_bundle):
+    """The minimum a refusal names holds the slots unrounded, and a budget of exactly that plans
+    (with slots that are not whole huge pages)."""
+    from edgeflash.memory.planner import BudgetError, make_plan
+
+    monkeypatch.setattr(huge_pages, "transparent_huge_pages", lambda: True)
+    engine = ef.load(smol_bundle, memory_budget="33MB", strategy="flash", context_length=256).engine
+    fixed = {k: v for k, v in engine.plan.fixed.items() if k != "runtime_reserve"}
+    args = (engine.layout, engine.spec)
+    with pytest.raises(BudgetError) as refused:
+        make_plan(*args, 20_000_000, "flash", fixed, 2, 1 << 20)
+    minimum = refused.value.minimum_bytes
+    plan = make_plan(*args, minimum, "flash", fixed, 2, 1 << 20)
+    assert plan.total <= minimum and plan.staging_bytes == plan.io.slots * plan.unit_bytes
+    assert plan.staging_bytes % HUGE_PAGE  # rounded, it would not have fit
+    with pytest.raises(BudgetError):
+        make_plan(*args, minimum - 1, "flash", fixed, 2, 1 << 20)
