@@ -46,6 +46,7 @@ def fills_huge_pages(nbytes: int) -> bool:
 
 
 def staging_arena_bytes(slots_bytes: int) -> int:
-    """Bytes of the one arena that holds `slots_bytes` of staging slots."""
+    """Bytes the planner counts, while choosing what stays resident, for the one arena that holds
+    `slots_bytes` of staging slots."""
     rounded = whole_huge_pages(slots_bytes)
     return rounded if rounded - slots_bytes <= slots_bytes * MAX_ROUNDING else slots_bytes

@@ -153,13 +153,14 @@ def _deepen_prefetch(plan: MemoryPlan) -> MemoryPlan:
     room = plan.budget - plan.fixed_bytes - plan.resident_bytes
     while plan.io.slots < MAX_PREFETCH_SLOTS and staging_arena_bytes(plan.unit_bytes * (plan.io.slots + 1)) <= room:
         plan.io.slots += 1
-        plan.staging_bytes = staging_arena_bytes(plan.unit_bytes * plan.io.slots)
+        plan.staging_bytes = plan.unit_bytes * plan.io.slots
     return plan
 
 
 def _round_staging_to_huge_pages(plan: MemoryPlan) -> MemoryPlan:
-    """Budget left once everything else is decided rounds the staging arena up to whole huge pages
-    (memory/huge_pages.py), however much that adds: a slot of 1 MiB then sits in a huge page too."""
+    """The one place the staging arena is rounded up to whole huge pages (memory/huge_pages.py):
+    whenever the budget has the room once everything else is decided, however much that adds (a
+    1 MiB slot then sits in a huge page too). Residency already gave way where that cost little."""
     rounded = whole_huge_pages(plan.staging_bytes)
     if plan.total + rounded - plan.staging_bytes <= plan.budget:
         plan.staging_bytes = rounded
@@ -200,27 +201,24 @@ def _plan(layout: WeightLayout, spec: ModelSpec, budget: int, strategy: str, fix
     def layer_unit(i: int, resident: set[str]) -> int:
         return sum(g.nbytes for g in layout.layer_groups(i) if g.name not in resident and g.name not in skip)
 
-    def staging(resident: set[str], huge_pages: bool = True) -> tuple[int, int, int]:
-        """Staging bytes (the arena rounded to huge pages when that costs little, or just the
-        slots), one slot (the largest unit), the bytes a streamed head chunk may span."""
+    def staging(resident: set[str]) -> tuple[int, int]:
+        """The slots' bytes, and one slot: the largest unit (a streamed head chunk spans as much)."""
         unit = max([layer_unit(i, resident) for i in range(spec.n_layers)] + [0])
-        head_streams = head_name is not None and head_name not in resident
-        if head_streams:
+        if head_name is not None and head_name not in resident:
             unit = max(unit, MIN_HEAD_CHUNK)
-        slots_bytes = unit * io.slots
-        return staging_arena_bytes(slots_bytes) if huge_pages else slots_bytes, unit, unit if head_streams else 0
+        return unit * io.slots, unit
 
     fixed_total = sum(fixed.values())
-    least_staging = staging(set(), huge_pages=False)[0]  # rounding up to huge pages is never what refuses
-    minimum = fixed_total + least_staging
+    minimum = fixed_total + staging(set())[0]  # rounding up to huge pages is never what refuses
     if minimum > budget:
         raise BudgetError(
             f"memory budget {format_size(budget)} is too small for this model: at least {format_size(minimum)} "
             f"is needed ({', '.join(f'{k} {format_size(v)}' for k, v in fixed.items())}, "
-            f"staging {format_size(least_staging)}); raise --memory-budget or shorten the context", minimum)
+            f"staging {format_size(staging(set())[0])}); raise --memory-budget or shorten the context", minimum)
 
     def cost(resident: set[str]) -> int:
-        return fixed_total + sum(groups[n].nbytes for n in resident) + staging(resident)[0]
+        """With the arena rounded up to huge pages where that costs little: residency gives way to it."""
+        return fixed_total + sum(groups[n].nbytes for n in resident) + staging_arena_bytes(staging(resident)[0])
 
     resident: set[str] = set()
     if strategy != "naive":
@@ -234,15 +232,13 @@ def _plan(layout: WeightLayout, spec: ModelSpec, budget: int, strategy: str, fix
         spread = _spread_streamed(resident, order, groups)
         if cost(spread) <= budget and staging(spread)[0] <= staging(resident)[0]:
             resident = spread
-    staging_bytes, unit_bytes, head_chunk_bytes = staging(resident)
-    if cost(resident) > budget:  # only near the minimum: the slots fit, their rounding does not
-        staging_bytes = staging(resident, huge_pages=False)[0]
+    staging_bytes, unit_bytes = staging(resident)  # make_plan rounds it up where the budget has room
     head_chunk_rows = 0
     if head_name and head_name not in resident:
         row_bytes = layout.locations[groups[head_name].tensors[0]].nbytes // spec.vocab_size
         # at most the engine's logits pass (EngineOptions::head_chunk), whose buffers are sized for it
         # a chunk's rows start and end mid-page: their aligned span is up to two pages more
-        head_chunk_rows = max(1, min(spec.vocab_size, head_chunk_limit, (head_chunk_bytes - 2 * ALIGN) // row_bytes))
+        head_chunk_rows = max(1, min(spec.vocab_size, head_chunk_limit, (unit_bytes - 2 * ALIGN) // row_bytes))
     streamed = [n for n in order if n not in resident]
     # An embedding table serves one row per token; as the tied head it is read whole every pass.
     per_pass = sum(groups[n].nbytes for n in streamed if n != "embedding" or n == head_name)

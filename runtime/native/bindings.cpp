@@ -207,6 +207,7 @@ class PyEngine {
   void set_streaming(const std::string& path, bool direct, int io_threads, int64_t chunk_bytes,
                      const std::vector<nb::dict>& units, int slots, bool prefetch, nb::object embedding,
                      int64_t staging_bytes) {
+    if (staging_bytes < 0) throw KernelError("staging_bytes must be >= 0");
     const ModelShape& s = engine_->shape();
     std::vector<memory::StreamUnit> plan;
     for (const nb::dict& d : units) {
@@ -246,7 +247,6 @@ class PyEngine {
       plan.push_back(std::move(u));
     }
     reader_ = std::make_shared<memory::DirectReader>(path, direct, io_threads, static_cast<size_t>(chunk_bytes));
-    if (staging_bytes < 0) throw KernelError("staging_bytes must be >= 0");
     streaming_ = std::make_unique<memory::StreamingWeights>(reader_, &layers_, s.n_layers, std::move(plan), slots,
                                                             static_cast<size_t>(staging_bytes), prefetch);
     engine_->set_layer_source(streaming_.get());
