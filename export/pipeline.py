@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from edgeflash.errors import UserError
+from edgeflash.base.errors import UserError
 from edgeflash.export.calibrate import Calibration, calibrate
 from edgeflash.export.evaluate import delta_pct, perplexity, sparse_perplexities
 from edgeflash.export.ops import FastOps
@@ -291,7 +291,7 @@ def _describe_source(model: ModelSource) -> dict[str, Any]:
 
 
 def _version() -> str:
-    from edgeflash import __version__
+    from edgeflash.base import __version__
 
     return __version__
 

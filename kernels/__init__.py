@@ -11,8 +11,15 @@ from .elementwise import argmax, gated_act, rms_norm, rope, softmax, topk
 from .ffn import ffn_sparse, pack_bundles
 from .formats import FORMATS, KV_FORMATS, QUANTIZABLE, bundle_bytes, format_info, kv_row_bytes, row_bytes
 from .linear import dequantize, matmul, matmul_rows, quantize
-from .runtime import (available_isas, cpu_features, current_isa, get_num_threads, implementations, set_num_threads,
-                      use_isa)
+from .runtime import (
+                      available_isas,
+                      cpu_features,
+                      current_isa,
+                      get_num_threads,
+                      implementations,
+                      set_num_threads,
+                      use_isa,
+)
 
 __all__ = [
     "__version__", "FORMATS", "KV_FORMATS", "QUANTIZABLE",

@@ -16,8 +16,7 @@ import os
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
-
-from edgeflash.errors import UserError
+from edgeflash.base.errors import UserError
 from edgeflash.memory.layout import WeightLayout, align_down, align_up, tensor_view_of
 from edgeflash.memory.planner import BudgetError, MemoryPlan, make_plan
 

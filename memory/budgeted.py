@@ -10,13 +10,12 @@ import zlib
 from typing import Any, Sequence
 
 import numpy as np
-
-from edgeflash.errors import IntegrityError, ModelFormatError, UserError
+from edgeflash.base.errors import IntegrityError, ModelFormatError, UserError
+from edgeflash.base.sizes import format_size
+from edgeflash.memory.approximate import ROW_READ_BYTES, ApproximateMode
 from edgeflash.memory.io_profile import best_settings
 from edgeflash.memory.layout import WeightLayout, align_down, align_up, tensor_view_of, weight_layout
-from edgeflash.memory.approximate import ROW_READ_BYTES, ApproximateMode
 from edgeflash.memory.planner import BudgetError, MemoryPlan, group_units, make_plan
-from edgeflash.memory.sizes import format_size
 from edgeflash.runtime.native_engine import NativeEngine
 from edgeflash.runtime.source import ModelSource
 

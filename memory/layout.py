@@ -8,7 +8,7 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from edgeflash.errors import UserError
+from edgeflash.base.errors import UserError
 from edgeflash.runtime.source import ModelSource
 from edgeflash.runtime.tensors import Tensor
 

@@ -19,10 +19,10 @@ from __future__ import annotations
 import os
 from dataclasses import asdict, dataclass, field
 
-from edgeflash.errors import UserError
+from edgeflash.base.errors import UserError
+from edgeflash.base.sizes import format_size
 from edgeflash.memory.huge_pages import fills_huge_pages, staging_arena_bytes, whole_huge_pages
 from edgeflash.memory.layout import ALIGN, WeightGroup, WeightLayout, align_up
-from edgeflash.memory.sizes import format_size
 from edgeflash.runtime.native_engine import HEAD_CHUNK
 from edgeflash.runtime.spec import ModelSpec
 

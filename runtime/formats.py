@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from edgeflash.errors import UnsupportedModelError
+from edgeflash.base.errors import UnsupportedModelError
 
 
 @dataclass(frozen=True)

@@ -10,8 +10,7 @@ from __future__ import annotations
 from typing import Any, Sequence
 
 import numpy as np
-
-from edgeflash.errors import UserError
+from edgeflash.base.errors import UserError
 from edgeflash.runtime.rope import inv_frequencies
 from edgeflash.runtime.source import ModelSource
 from edgeflash.runtime.spec import ModelSpec
@@ -60,7 +59,7 @@ class NativeEngine:
     def __init__(self, source: ModelSource, *, threads: int = 2, context_length: int | None = None,
                  max_batch: int = 64, kv_format: str = "f16", activations: str = "q8x2",
                  head_chunk: int = HEAD_CHUNK):
-        from edgeflash import kernels
+        import edgeflash.kernels as kernels
         from edgeflash.kernels import _native
 
         spec = source.spec
@@ -108,7 +107,7 @@ class NativeEngine:
         """(raw bytes, format, rows, cols), converting formats the kernels do not run."""
         raw, fmt = tensor.raw, tensor.fmt
         if fmt not in KERNEL_FORMATS:
-            from edgeflash import kernels
+            import edgeflash.kernels as kernels
 
             target = "q8_0" if tensor.cols % 32 == 0 else "f16"
             raw = kernels.quantize(tensor.dequantize().reshape(tensor.rows, tensor.cols), target)

@@ -5,7 +5,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
-
 from edgeflash.runtime.formats import Format, get_format
 
 

@@ -13,12 +13,13 @@ import edgeflash.runtime.bundle  # noqa: F401
 import edgeflash.runtime.native_engine  # noqa: F401
 import edgeflash.runtime.speculative  # noqa: F401
 import edgeflash.runtime.tokenizer  # noqa: F401
-from edgeflash.errors import UserError
-from edgeflash.memory.heap import keep_large_allocations_mapped, release_free_heap
-from edgeflash.models import resolve_model
+from edgeflash.base.errors import UserError
+from edgeflash.base.heap import keep_large_allocations_mapped, release_free_heap
+from edgeflash.base.models import resolve_model
 from edgeflash.runtime.generate import Generation, GenerationResult
 from edgeflash.runtime.sampler import SamplingParams
-from edgeflash.runtime.source import ModelSource, open_model
+from edgeflash.runtime.source import ModelSource
+from edgeflash.runtime.sources import open_model
 
 ENGINES = ("auto", "native", "reference")
 # Tokens per forward call in a budgeted run: smaller work buffers (prefill runs in more chunks).
@@ -86,9 +87,9 @@ def _load_budgeted(path: Path, memory_budget: str | int, engine: str, threads: i
                    strategy: str, activations: str, kv_cache: str, approximate: dict, speculative: str):
     import gc
 
+    from edgeflash.base.rss import current_rss_bytes, peak_rss_bytes, reset_peak_rss
+    from edgeflash.base.sizes import parse_size
     from edgeflash.memory.budgeted import BudgetedEngine
-    from edgeflash.memory.rss import current_rss_bytes, peak_rss_bytes, reset_peak_rss
-    from edgeflash.memory.sizes import parse_size
 
     budget = parse_size(memory_budget)
     keep_large_allocations_mapped()  # freed temporaries leave the process instead of the heap

@@ -93,7 +93,7 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--rounds", type=int, default=3)
     args = parser.parse_args()
-    from edgeflash import kernels
+    import edgeflash.kernels as kernels
     from edgeflash.kernels.bench import read_bandwidth
 
     kernels.set_num_threads(args.threads)

@@ -16,9 +16,8 @@ import math
 import sys
 import time
 
-import numpy as np
-
 import harness
+import numpy as np
 from workloads import perplexity_windows
 
 

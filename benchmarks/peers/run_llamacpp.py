@@ -10,9 +10,8 @@ from __future__ import annotations
 import math
 import time
 
-import numpy as np
-
 import harness
+import numpy as np
 from workloads import perplexity_windows
 
 N_CTX = 2048

@@ -19,7 +19,7 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from edgeflash.errors import UserError
+from edgeflash.base.errors import UserError
 from edgeflash.export.quant.roles import ROLES, role_of
 from edgeflash.runtime.formats import get_format
 

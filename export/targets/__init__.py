@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from edgeflash.errors import UserError
+from edgeflash.base.errors import UserError
 
 TARGETS = ("executorch", "onnx", "coreml")
 # Python packages each target needs (the optional `backends` extra installs them all).
@@ -184,7 +184,7 @@ def _importance(model, tokens: int, progress: bool, threads: int):
 
 def _manifest(prepared, target: str, kv: str, cache_len: int, prefill_tokens: int, chunks: list[dict],
               timings: dict[str, float], module, options: dict[str, Any] | None = None) -> dict[str, Any]:
-    from edgeflash import __version__
+    from edgeflash.base import __version__
     from edgeflash.export.targets.chunks import (
         MANIFEST_FORMAT,
         MANIFEST_VERSION,

@@ -19,7 +19,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
-from edgeflash.errors import UserError
+from edgeflash.base.errors import UserError
 from edgeflash.runtime.tensors import Tensor
 
 GROUP = 32  # values per scale of q4_0 / q8_0

@@ -14,8 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-
-from edgeflash.errors import ModelFormatError, UnsupportedModelError
+from edgeflash.base.errors import ModelFormatError, UnsupportedModelError
 from edgeflash.runtime.bundle.layout import (
     BLOCK_ALIGNMENT,
     BLOCK_KINDS,

@@ -30,8 +30,8 @@ def speculative_reserve(kind: str, source: ModelSource, context: int | None, kv_
         total += kv_cache_bytes(draft, context, SELF_DRAFT_MAX_BATCH, kv_format) + buffers \
             + DEFAULT_SHORTLIST * row_bytes + spec.vocab_size * 4
     if kind.startswith("draft:"):  # a separate model: its weights stay resident, next to its KV cache
-        from edgeflash.models import resolve_model
-        from edgeflash.runtime.source import open_model
+        from edgeflash.base.models import resolve_model
+        from edgeflash.runtime.sources import open_model
 
         d = open_model(resolve_model(kind[len("draft:"):]))
         total += d.weight_bytes + kv_cache_bytes(d.spec, context, 64, kv_format) + _work_buffers(d.spec, 64) + \

@@ -9,8 +9,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
-
-from edgeflash.errors import UserError
+from edgeflash.base.errors import UserError
 from edgeflash.runtime.sampler import Sampler
 from edgeflash.runtime.speculative.controller import Controller
 from edgeflash.runtime.speculative.drafters import CombinedDrafter, EngineDrafter, LookupDrafter
@@ -172,9 +171,9 @@ def _layer_matrices(layer: int) -> list[str]:
 
 
 def _draft_model(path: str, target: Any) -> Any:
-    from edgeflash.models import resolve_model
+    from edgeflash.base.models import resolve_model
     from edgeflash.runtime.native_engine import NativeEngine
-    from edgeflash.runtime.source import open_model
+    from edgeflash.runtime.sources import open_model
 
     source = open_model(resolve_model(path))
     if source.spec.vocab_size != target.spec.vocab_size or \

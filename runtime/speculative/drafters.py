@@ -12,7 +12,6 @@ from __future__ import annotations
 from typing import Any, Protocol
 
 import numpy as np
-
 from edgeflash.runtime.speculative.tree import DraftTree
 
 

@@ -8,8 +8,7 @@ import dataclasses
 from types import SimpleNamespace
 
 import numpy as np
-
-from edgeflash.errors import UserError
+from edgeflash.base.errors import UserError
 from edgeflash.runtime.native_engine import NativeEngine
 
 DEFAULT_SHORTLIST = 8192

@@ -3,10 +3,9 @@ windowed neuron cache, at the smallest budget each configuration accepts (so wei
 
 from __future__ import annotations
 
+import edgeflash as ef
 import numpy as np
 import pytest
-
-import edgeflash as ef
 
 PROMPT = "To be, or not to be, that is the question"
 SHORTLIST = 32

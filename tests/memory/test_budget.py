@@ -10,13 +10,12 @@ import subprocess
 import sys
 import textwrap
 
-import pytest
-
 import edgeflash as ef
-from edgeflash.errors import ModelFormatError, UserError
+import pytest
+from edgeflash.base.errors import ModelFormatError, UserError
+from edgeflash.base.sizes import parse_size
 from edgeflash.kernels._native import read_pieces
 from edgeflash.memory.planner import BudgetError, kv_cache_bytes, split_reads
-from edgeflash.memory.sizes import parse_size
 
 PROMPT = "The three most useful things to pack for a week of hiking are"
 
@@ -188,7 +187,7 @@ def test_exact_mode_greedy_equals_unbudgeted(alias, fraction, strategy, model_pa
 RSS_SCRIPT = textwrap.dedent("""
     import json, sys
     import edgeflash as ef
-    from edgeflash.memory.rss import current_rss_bytes, peak_rss_bytes, reset_peak_rss
+    from edgeflash.base.rss import current_rss_bytes, peak_rss_bytes, reset_peak_rss
     alias, budget, strategy, tokens = sys.argv[1], int(sys.argv[2]), sys.argv[3], int(sys.argv[4])
     reset_peak_rss()
     before = current_rss_bytes()

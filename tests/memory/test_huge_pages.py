@@ -9,9 +9,8 @@ import subprocess
 import sys
 import textwrap
 
-import pytest
-
 import edgeflash as ef
+import pytest
 from edgeflash.memory import huge_pages
 from edgeflash.memory.huge_pages import HUGE_PAGE, staging_arena_bytes, transparent_huge_pages
 

@@ -17,11 +17,11 @@ REAL_MODELS = ("gemma3-270m", "smollm2-135m")  # (conftest modules share one nam
 MEASURE = r"""
 import gc, json, sys
 import edgeflash
-from edgeflash.memory.heap import release_free_heap
-from edgeflash.memory.rss import current_rss_bytes, peak_rss_bytes, reset_peak_rss
-from edgeflash.models import resolve_model
+from edgeflash.base.heap import release_free_heap
+from edgeflash.base.rss import current_rss_bytes, peak_rss_bytes, reset_peak_rss
+from edgeflash.base.models import resolve_model
 from edgeflash.runtime.native_engine import NativeEngine
-from edgeflash.runtime.source import open_model
+from edgeflash.runtime.sources import open_model
 
 gc.collect(); release_free_heap()
 before = current_rss_bytes()

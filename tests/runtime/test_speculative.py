@@ -4,10 +4,9 @@ budgeted run stays inside its budget with speculation on."""
 
 from __future__ import annotations
 
+import edgeflash as ef
 import numpy as np
 import pytest
-
-import edgeflash as ef
 from edgeflash.export.corpus import heldout_windows
 from edgeflash.runtime.sampler import Sampler, SamplingParams
 from edgeflash.runtime.speculative.decoder import SpeculativeDecoder
@@ -133,7 +132,7 @@ def test_budgeted_run_with_speculation_stays_inside_the_budget(smol_bundle, budg
     script = textwrap.dedent(f"""
         import json
         import edgeflash as ef
-        from edgeflash.memory.rss import current_rss_bytes, peak_rss_bytes, reset_peak_rss
+        from edgeflash.base.rss import current_rss_bytes, peak_rss_bytes, reset_peak_rss
         reset_peak_rss(); before = current_rss_bytes()
         m = ef.load({str(smol_bundle)!r}, memory_budget={budget!r}, **{options!r})
         r = m.generate({GROUNDED!r}, max_tokens=48)
