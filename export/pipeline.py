@@ -22,7 +22,7 @@ from edgeflash.export.ops import FastOps
 from edgeflash.export.partition import build_arena, plan_blocks
 from edgeflash.export.progress import bar, note
 from edgeflash.export.quant.config import QuantConfig
-from edgeflash.export.quant.schemes import get_scheme
+from edgeflash.export.quant.schemes import resolve_config
 from edgeflash.export.quantize import QuantizedTensor, quantize_model, quantized_source
 from edgeflash.export.text import token_windows
 from edgeflash.export.threads import export_threads
@@ -81,11 +81,6 @@ class ExportResult:
     @property
     def report(self) -> dict[str, Any]:
         return self.manifest["report"]
-
-
-def resolve_config(quant: str | QuantConfig, group_size: int | None) -> QuantConfig:
-    config = quant if isinstance(quant, QuantConfig) else get_scheme(quant)
-    return config.with_group_size(group_size)
 
 
 def export(source: Any, out_dir: str | Path, quant: str | QuantConfig = "q4_0", target: str = "bundle", *,

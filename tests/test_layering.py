@@ -198,3 +198,17 @@ def test_an_upward_include_is_caught():
 def test_a_module_cycle_is_caught():
     graph = {"edgeflash.memory.a": {"edgeflash.memory.b"}, "edgeflash.memory.b": {"edgeflash.memory.a"}}
     assert _cycles(graph) == [["edgeflash.memory.a", "edgeflash.memory.b"]]
+
+
+def test_the_runtime_imports_no_api_cli_or_server():
+    """A device imports edgeflash.runtime; the public API, CLI and server stay unloaded (importing a
+    subpackage runs edgeflash/__init__.py, which must stay lazy)."""
+    import subprocess
+    import sys
+
+    code = ("import sys, edgeflash.runtime.loader, edgeflash.runtime.generate; "
+            "print('\\n'.join(m for m in sys.modules if m.startswith('edgeflash')))")
+    loaded = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split()
+    assert "edgeflash.runtime.loader" in loaded
+    above = [m for m in loaded if layer_of_module(m) in ("edgeflash", "edgeflash.export") and m != "edgeflash"]
+    assert above == [], above

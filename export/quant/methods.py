@@ -70,7 +70,7 @@ def dequantize_matrix(raw: np.ndarray, fmt: str, cols: int) -> np.ndarray:
     from edgeflash.runtime.tensors import dequantize_raw
 
     raw = np.ascontiguousarray(raw)
-    if fmt in kernels.FORMATS:
+    if fmt in kernels.KERNEL_FORMATS:
         if fmt == "f32":
             return raw.view(np.float32).reshape(raw.shape[0], cols).copy()
         return kernels.dequantize(raw.reshape(-1, raw.shape[-1]), fmt, cols)

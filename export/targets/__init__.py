@@ -71,8 +71,8 @@ def export_target(source: Any, out: str | Path, target: str, quant: Any = "q4_0"
     `out` for `target`, split into `chunks`. `et_activations` (executorch only): "int8" (default,
     XNNPACK's 8da4w / 8da8w kernels) or "f32" (weight-only: float32 activations against the same
     codes, matching the reference runtime to float rounding; slower, int4 codes a byte each)."""
-    from edgeflash.export.pipeline import resolve_config
     from edgeflash.export.progress import note
+    from edgeflash.export.quant import resolve_config
     from edgeflash.export.sources import load_source
     from edgeflash.export.targets.chunks import TOKENIZER_FILE, plan_chunks
     from edgeflash.export.writer import check_output, move_into_place

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from edgeflash.base.errors import ModelFormatError, UnsupportedModelError
-from edgeflash.runtime.formats import FORMAT_BY_GGML_TYPE
+from edgeflash.kernels.formats import FORMAT_BY_GGML_TYPE
 from edgeflash.runtime.tensors import Tensor
 
 if TYPE_CHECKING:

@@ -150,9 +150,9 @@ def make_drafter(kind: str, engine: Any, *, self_layers: int | None = None, shor
 
 
 def _self_engine(engine: Any, layers: int | None, shortlist: int | None) -> Any:
-    from edgeflash.runtime.speculative.self_draft import DEFAULT_SHORTLIST, SelfDraftEngine
+    from edgeflash.runtime.speculative.self_draft import DEFAULT_SHORTLIST, self_draft_engine
 
-    tensors = getattr(engine, "resident_tensors", None)
+    tensors = getattr(engine.weights, "resident_tensors", None)
     n = engine.spec.n_layers
     layers = layers or max(1, n // 4)
     if tensors is not None:  # a budgeted target: only layers it keeps resident can be shared
@@ -162,7 +162,7 @@ def _self_engine(engine: Any, layers: int | None, shortlist: int | None) -> Any:
         if resident == 0:
             raise UserError("self-drafting needs the first layers resident; this budget keeps none")
         layers = min(layers, resident)
-    return SelfDraftEngine(engine, layers, shortlist or DEFAULT_SHORTLIST, tensors)
+    return self_draft_engine(engine, layers, shortlist or DEFAULT_SHORTLIST, tensors)
 
 
 def _layer_matrices(layer: int) -> list[str]:

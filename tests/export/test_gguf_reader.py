@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from edgeflash.base.errors import ModelFormatError, UnsupportedModelError
-from edgeflash.runtime.formats import FORMAT_BY_GGML_TYPE
+from edgeflash.kernels.formats import FORMAT_BY_GGML_TYPE
 from edgeflash.runtime.sources.gguf import GGUFFile
 
 

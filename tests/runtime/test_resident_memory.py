@@ -20,6 +20,7 @@ import edgeflash
 from edgeflash.base.heap import release_free_heap
 from edgeflash.base.rss import current_rss_bytes, peak_rss_bytes, reset_peak_rss
 from edgeflash.base.models import resolve_model
+from edgeflash.runtime.loader import LoadedModel
 from edgeflash.runtime.native_engine import NativeEngine
 from edgeflash.runtime.sources import open_model
 
@@ -32,7 +33,7 @@ gc.collect(); release_free_heap()
 rewritten = sum(source.tensors[n].nbytes for n in source.info.get("rewritten_tensors", []))
 tokenizer_and_manifest = current_rss_bytes() - before - rewritten
 engine = NativeEngine(source, threads=2, context_length=1024)
-model = edgeflash.api.Model(source, engine)
+model = edgeflash.api.Model(LoadedModel(source, engine, "none"))
 model.generate("Once upon a time, in a land far away, " * 30, max_tokens=48)
 stats = engine.stats()
 print(json.dumps({"peak_delta": peak_rss_bytes() - before, "weights": stats["weight_bytes"],

@@ -138,7 +138,7 @@ def test_budgeted_run_with_speculation_stays_inside_the_budget(smol_bundle, budg
         r = m.generate({GROUNDED!r}, max_tokens=48)
         plain = m.generate({GROUNDED!r}, max_tokens=48, speculative="none")
         print(json.dumps({{"peak": peak_rss_bytes() - before, "passes": r.stats["spec_passes"],
-                          "budget": m.engine.budget, "same": r.tokens == plain.tokens}}))
+                          "budget": m.engine.weights.budget, "same": r.tokens == plain.tokens}}))
     """)
     proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-2000:]
