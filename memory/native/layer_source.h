@@ -15,6 +15,7 @@ namespace ef {
 // name of each slot and the per-layer tensor it holds (GGUF/bundle naming, after "blk.N.").
 enum class Slot : int {
   q, k, v, o, gate, up, down, pred_a, pred_b,                   // matrices (predictors: sparse mode only)
+  ffn_arena,  // the FFN as neuron bundles [d_ff, stride]: gate row, up row, down column (one format)
   attn_norm, ffn_norm, post_attn_norm, post_ffn_norm, q_norm, k_norm, q_bias, k_bias, v_bias,  // f32 vectors
   count
 };
@@ -34,6 +35,9 @@ inline bool is_matrix(Slot s) { return static_cast<int>(s) < kMatrixSlots; }
 struct LayerWeights {
   WeightMatrix q, k, v, o, gate, up, down;
   WeightMatrix pred_a, pred_b;  // sparse mode's neuron predictor: [rank, d_model], [d_ff, rank]
+  // A bundle's one copy of the FFN: rows = neurons, cols = d_model, stride = one neuron bundle;
+  // when set, gate/up/down are unused (the engine runs the FFN over every neuron of the arena).
+  WeightMatrix ffn_arena;
   const float* attn_norm = nullptr;
   const float* ffn_norm = nullptr;
   const float* post_attn_norm = nullptr;
