@@ -16,6 +16,7 @@ import numpy as np
 from edgeflash.base.errors import ModelFormatError, UserError
 from edgeflash.kernels import _native
 from edgeflash.kernels.formats import KERNEL_FORMATS
+from edgeflash.runtime.bundle.arena import ArenaTensor
 from edgeflash.runtime.native_config import engine_options, engine_shape, layer_shapes
 from edgeflash.runtime.source import ModelSource
 from edgeflash.runtime.tensors import Tensor
@@ -75,6 +76,9 @@ class NativeEngine:
         self.tokens: list[int] = []
         self._last_logits = np.empty((1, spec.vocab_size), dtype=np.float32)  # decode needs one row
         self.weight_bytes = source.weight_bytes
+        for name, t in source.tensors.items():  # wherever an arena's bytes come from, its down format is fixed
+            if isinstance(t, ArenaTensor) and t.down_fmt != t.fmt:
+                self._engine.set_arena_down_format(int(name.split(".")[1]), t.down_fmt)
         self.weights = weights or ResidentWeights(source.tensors)
         self.weights.install(self)
 
@@ -96,14 +100,15 @@ class NativeEngine:
                 if prefix + tensor not in t:
                     continue
                 if slot in MATRIX_SLOTS:
-                    native.set_matrix(layer, slot, *self._matrix(t[prefix + tensor]))
+                    w = t[prefix + tensor]
+                    native.set_matrix(layer, slot, *self._matrix(w), getattr(w, "stride", 0))
                 else:
                     native.set_vector(layer, slot, self._vector(t[prefix + tensor]))
 
     def _matrix(self, tensor: Tensor) -> tuple[np.ndarray, str, int, int]:
         """(raw bytes, format, rows, cols), converting formats the kernels do not run."""
         raw, fmt = tensor.raw, tensor.fmt
-        if fmt not in KERNEL_FORMATS:
+        if fmt not in KERNEL_FORMATS and not isinstance(tensor, ArenaTensor):  # arenas are in kernel formats
             target = "q8_0" if tensor.cols % 32 == 0 else "f16"
             raw = kernels.quantize(tensor.dequantize().reshape(tensor.rows, tensor.cols), target)
             self.conversions[tensor.name] = f"{fmt}->{target}"

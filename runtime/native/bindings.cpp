@@ -50,14 +50,18 @@ class PyEngine {
     engine_->set_layer_source(&layers_);
   }
 
-  WeightMatrix matrix(const In& raw, const std::string& fmt, int64_t rows, int64_t cols) {
+  // `stride` > 0: rows lie `stride` bytes apart (a neuron arena's bundles), else packed.
+  WeightMatrix matrix(const In& raw, const std::string& fmt, int64_t rows, int64_t cols, size_t stride = 0) {
     const Format f = fmt_of(fmt);
-    const size_t need = static_cast<size_t>(rows) * row_bytes(f, cols);
+    if (stride && stride < row_bytes(f, cols))
+      throw KernelError("row stride " + std::to_string(stride) + " is shorter than a row of " + fmt + " x " +
+                        std::to_string(cols));
+    const size_t need = static_cast<size_t>(rows) * (stride ? stride : row_bytes(f, cols));
     if (nbytes(raw) != need)
       throw KernelError("weight buffer has " + std::to_string(nbytes(raw)) + " bytes, " + std::to_string(rows) +
                         " rows of " + fmt + " x " + std::to_string(cols) + " need " + std::to_string(need));
     keep_.push_back(raw);
-    return WeightMatrix{bytes(raw, "weights"), need, f, rows, cols, 0};
+    return WeightMatrix{bytes(raw, "weights"), need, f, rows, cols, stride};
   }
 
   void set_embedding(const In& raw, const std::string& fmt, int64_t rows, int64_t cols) {
@@ -83,12 +87,14 @@ class PyEngine {
   }
 
   void set_matrix(int64_t layer, const std::string& name, const In& raw, const std::string& fmt, int64_t rows,
-                  int64_t cols) {
+                  int64_t cols, size_t stride) {
     const Slot slot = slot_named(name);
     if (!is_matrix(slot)) throw KernelError("'" + name + "' is a vector, not a matrix");
+    if ((slot == Slot::ffn_arena) != (stride > 0))
+      throw KernelError("'" + name + "': only an FFN arena has a row stride (one neuron bundle)");
     const auto [want_rows, want_cols] = slot_dims(shape(), slot);
     check_dims(rows, want_rows, cols, want_cols, name);
-    layer_at(layer).matrix(slot) = matrix(raw, fmt, rows, cols);
+    layer_at(layer).matrix(slot) = matrix(raw, fmt, rows, cols, stride);
   }
 
   void set_vector(int64_t layer, const std::string& name, const In& values) {
@@ -180,6 +186,9 @@ class PyEngine {
   }
   size_t staging_bytes() const { return streaming_ ? streaming_->staging_bytes() : 0; }
 
+  void set_ffn_thresholds(std::vector<float> thresholds) { engine_->set_ffn_thresholds(std::move(thresholds)); }
+  void set_arena_down_format(int64_t layer, const std::string& fmt) { engine_->set_arena_down_format(layer, fmt_of(fmt)); }
+
   int64_t truncate(int64_t n) { return engine_->truncate(n); }
   int64_t committed() const { return engine_->committed(); }
   EngineMemory memory() const { return engine_->memory(); }
@@ -265,7 +274,8 @@ void bind_engine(nb::module_& m) {
       .def("set_head", &PyEngine::set_head)
       .def("set_output_norm", &PyEngine::set_output_norm)
       .def("set_head_shortlist", &PyEngine::set_head_shortlist)
-      .def("set_matrix", &PyEngine::set_matrix)
+      .def("set_matrix", &PyEngine::set_matrix, nb::arg("layer"), nb::arg("name"), nb::arg("raw"), nb::arg("fmt"),
+           nb::arg("rows"), nb::arg("cols"), nb::arg("stride") = 0)
       .def("set_vector", &PyEngine::set_vector)
       .def("forward", &PyEngine::forward, nb::arg("tokens"), nb::arg("positions"), nb::arg("tree_mask").none(),
            nb::arg("logit_rows"), nb::arg("out"))
@@ -274,6 +284,8 @@ void bind_engine(nb::module_& m) {
       .def("set_streaming", &PyEngine::set_streaming, nb::arg("plan"))
       .def("set_sparse_ffn", &PyEngine::set_sparse_ffn, nb::arg("layers"), nb::arg("gate"), nb::arg("up"),
            nb::arg("down"), nb::arg("capacity"), nb::arg("window"))
+      .def("set_ffn_thresholds", &PyEngine::set_ffn_thresholds, nb::arg("thresholds"))
+      .def("set_arena_down_format", &PyEngine::set_arena_down_format, nb::arg("layer"), nb::arg("fmt"))
       .def("reader_stats", &PyEngine::reader_stats)
       .def("stream_stats", &PyEngine::stream_stats)
       .def("neuron_stats", &PyEngine::neuron_stats)

@@ -45,6 +45,7 @@ std::pair<int64_t, int64_t> slot_dims(const ModelShape& s, Slot slot) {
     case Slot::down: return {s.d_model, s.d_ff};
     case Slot::pred_a: return {-1, s.d_model};
     case Slot::pred_b: return {s.d_ff, -1};
+    case Slot::ffn_arena: return {s.d_ff, s.d_model};
     case Slot::attn_norm: case Slot::ffn_norm: case Slot::post_attn_norm: case Slot::post_ffn_norm:
       return {s.d_model, 1};
     case Slot::q_norm: case Slot::k_norm: return {s.head_dim, 1};
@@ -88,7 +89,7 @@ EngineMemory plan_memory(const ModelShape& shape, const std::vector<LayerShape>&
   // x, h, sel: [b, d_model]; q, attn: [b, q]; k, v: [b, kv]; gate, up: [b, d_ff]; slots: [b] int32
   const int64_t floats = 3 * z.x + 2 * z.q + 2 * z.kv + 2 * z.ffn + z.act2 + z.out2 + z.head_part;
   m.activations = static_cast<size_t>(floats) * sizeof(float) + static_cast<size_t>(z.mask) + z.quantized_acts +
-                  static_cast<size_t>(options.max_batch) * sizeof(int32_t);
+                  static_cast<size_t>(options.max_batch + shape.d_ff) * sizeof(int32_t);
   return m;
 }
 
@@ -118,6 +119,9 @@ Engine::Engine(const ModelShape& shape, std::vector<LayerShape> layers, const En
   for (auto* buf : {&k_, &v_}) buf->resize(z.kv);
   for (auto* buf : {&gate_, &up_}) buf->resize(z.ffn);
   slots_.resize(options_.max_batch);
+  arena_down_.assign(static_cast<size_t>(shape_.n_layers), -1);
+  all_neurons_.resize(static_cast<size_t>(shape_.d_ff));
+  for (int64_t i = 0; i < shape_.d_ff; ++i) all_neurons_[i] = static_cast<int32_t>(i);
   act2_.assign(z.act2, 0.0f);
   out2_.resize(z.out2);
   head_part_.resize(z.head_part);
@@ -156,6 +160,39 @@ void Engine::linear(const WeightMatrix& w, const float* x, QuantizedActs& xq, bo
   for (int64_t i = 0; i < n * w.rows; ++i) y[i] = lo[i] + hi[i];
 }
 
+// The dense FFN read from a bundle's one copy of it, the neuron arena: the sparse-FFN kernel over
+// every neuron, with no threshold, computes exactly sum_n act(gate_n . x) (up_n . x) down_n.
+void Engine::set_ffn_thresholds(std::vector<float> thresholds) {
+  if (!thresholds.empty() && static_cast<int64_t>(thresholds.size()) != shape_.n_layers)
+    throw engine_error("FFN thresholds: one per layer is needed");
+  ffn_thresholds_ = std::move(thresholds);
+  token_thresholds_.assign(static_cast<size_t>(options_.max_batch), 0.0f);
+}
+
+void Engine::set_arena_down_format(int64_t layer, Format fmt) {
+  if (layer < 0 || layer >= shape_.n_layers) throw engine_error("arena down format: layer out of range");
+  arena_down_[layer] = static_cast<int>(fmt);
+}
+
+void Engine::ffn_from_arena(int64_t layer, const WeightMatrix& w, const float* x, int64_t n, float* out) {
+  if (w.rows != shape_.d_ff || w.cols != shape_.d_model || !w.stride)
+    throw engine_error("an FFN arena must hold d_ff neuron bundles of d_model values with a stride");
+  NeuronArena a;
+  a.data = w.data;
+  a.size_bytes = w.size_bytes;
+  a.n_slots = w.rows;
+  a.d_model = w.cols;
+  a.gate = a.up = w.fmt;
+  a.down = arena_down_[layer] < 0 ? w.fmt : static_cast<Format>(arena_down_[layer]);
+  a.stride = w.stride;
+  const float* thresholds = nullptr;
+  if (!ffn_thresholds_.empty() && ffn_thresholds_[layer] > 0.0f) {
+    std::fill(token_thresholds_.begin(), token_thresholds_.begin() + n, ffn_thresholds_[layer]);
+    thresholds = token_thresholds_.data();
+  }
+  ffn_sparse(a, x, n, all_neurons_.data(), w.rows, shape_.act, thresholds, out, false);
+}
+
 void Engine::build_attention_mask(int64_t layer, int64_t n, const uint8_t* tree_mask) {
   // Committed slots are visible (the kernel still applies causality and the window); among the
   // new tokens only the tree's ancestors are.
@@ -169,10 +206,10 @@ void Engine::check_layer(int64_t layer, const LayerWeights& w) const {
   const ModelShape& s = shape_;
   const std::pair<const WeightMatrix*, const char*> matrices[] = {
       {&w.q, "q"}, {&w.k, "k"}, {&w.v, "v"}, {&w.o, "o"}, {&w.gate, "gate"}, {&w.up, "up"}, {&w.down, "down"}};
-  const bool sparse_ffn = ffn_hook_ && ffn_hook_->active(layer);
+  const bool ffn_elsewhere = (ffn_hook_ && ffn_hook_->active(layer)) || w.ffn_arena.data;
   for (const auto& [m, name] : matrices) {
     const bool ffn_matrix = m == &w.gate || m == &w.up || m == &w.down;
-    if (!m->data && !(ffn_matrix && sparse_ffn))
+    if (!m->data && !(ffn_matrix && ffn_elsewhere))
       throw engine_error("layer " + std::to_string(layer) + " has no " + name + " weights");
   }
   const bool missing_norm = !w.attn_norm || !w.ffn_norm || (s.qk_norm && (!w.q_norm || !w.k_norm)) ||
@@ -231,6 +268,9 @@ void Engine::run_block(int64_t layer, const LayerWeights& w, int64_t n, const in
   rms_norm(x, w.ffn_norm, h, n, d, s.norm_eps);
   if (ffn_hook_ && ffn_hook_->active(layer)) {
     ffn_hook_->compute(layer, w, h, n, sel_.data());  // sel_ is free until the logits
+    std::memcpy(h, sel_.data(), static_cast<size_t>(n * d) * sizeof(float));
+  } else if (w.ffn_arena.data) {
+    ffn_from_arena(layer, w.ffn_arena, h, n, sel_.data());
     std::memcpy(h, sel_.data(), static_cast<size_t>(n * d) * sizeof(float));
   } else {
     linear(w.gate, h, xq_, false, n, gate_.data());

@@ -88,6 +88,13 @@ class Engine {
   void set_head_source(HeadSource* source) { head_source_ = source; }        // null = the resident head
   void set_embedding_source(EmbeddingSource* source) { embed_source_ = source; }  // null = resident table
   void set_ffn_hook(FfnHook* hook) { ffn_hook_ = hook; }  // null = dense FFN everywhere
+  // Per layer, the |gate . x| below which an arena FFN skips a neuron (empty or 0: every neuron):
+  // activation sparsity at a calibrated level, to measure what it costs.
+  void set_ffn_thresholds(std::vector<float> thresholds);
+  // The format of the down columns in a layer's FFN arena, when it is not the arena's (gate/up)
+  // format: 4-bit arenas keep down at 5 bits (a block of a column spans 32 output dimensions,
+  // and the residual stream's outlier dimensions cost a 4-bit column more than a 4-bit row).
+  void set_arena_down_format(int64_t layer, Format fmt);
 
   // Run `n` new tokens (n <= max_batch). positions[j] is token j's position; tree_mask (n x n,
   // nonzero = token i may attend to new token j) is null for a plain sequence. New keys/values
@@ -125,6 +132,7 @@ class Engine {
                  const int32_t* slots_of_layer, const uint8_t* attn_mask);
   void check_layer(int64_t layer, const LayerWeights& w) const;
   void linear(const WeightMatrix& w, const float* x, QuantizedActs& xq, bool xq_ready, int64_t n, float* y);
+  void ffn_from_arena(int64_t layer, const WeightMatrix& arena, const float* x, int64_t n, float* out);
   void build_attention_mask(int64_t layer, int64_t n, const uint8_t* tree_mask);
   void compute_logits(int64_t m, float* logits);
   void compute_argmax(int64_t m, int32_t* out);
@@ -151,6 +159,9 @@ class Engine {
   std::vector<float> act2_, out2_;  // q8x2: [activations; residuals] and the doubled GEMM output
   std::vector<float> head_part_;    // logits of one head chunk for several rows
   std::vector<int32_t> slots_;
+  std::vector<int32_t> all_neurons_;  // 0..d_ff-1: an arena FFN runs over every neuron
+  std::vector<float> ffn_thresholds_, token_thresholds_;  // per layer; per token of a call
+  std::vector<int> arena_down_;  // per layer: Format of the arena's down part, -1 = the arena's format
   std::vector<uint8_t> mask_;
   QuantizedActs xq_;
 };
