@@ -1,6 +1,7 @@
 """Calibration: run the source model over calibration text and derive what the bundle stores.
 
-From one pass of the unquantized model (RecordingOps) over the calibration windows:
+The unquantized model runs on torch one layer at a time over the calibration windows
+(edgeflash.export.layerwise), and each layer yields:
 - importance: E[x^2] per input column of every matrix (weights the calibrated quantizers);
 - sparsity thresholds per layer and target sparsity s: the magnitude t with a fraction s of
   all neuron activations |act(gate . x)| <= t (CATS), and the same quantile of |gate . x|
@@ -19,9 +20,8 @@ from typing import Any
 
 import numpy as np
 import torch
-from edgeflash.export.forward import final_hidden, head_tensor
-from edgeflash.export.ops import RecordingOps, activation
 from edgeflash.export.progress import bar
+from edgeflash.export.torch_ops import activate
 from edgeflash.runtime.bundle.packed import pack_array
 from edgeflash.runtime.source import ModelSource
 
@@ -55,6 +55,21 @@ class Calibration:
     frequency_tokens: int
     predictor_rank: int = 0
     predictors: list[Predictor] = field(default_factory=list)
+
+    @classmethod
+    def from_layers(cls, layers: list[LayerCalibration], *, text_source: str, tokens: int, windows: int,
+                    window_tokens: int, importance: dict[str, np.ndarray], targets: list[float],
+                    top_token_ids: np.ndarray, top_token_counts: np.ndarray, frequency_tokens: int,
+                    predictor_rank: int) -> Calibration:
+        return cls(text_source=text_source, tokens=tokens, windows=windows, window_tokens=window_tokens,
+                   importance=importance, sparsity_targets=targets,
+                   act_thresholds=np.stack([lc.act_thresholds for lc in layers]),
+                   gate_thresholds=np.stack([lc.gate_thresholds for lc in layers]),
+                   frequency_sparsity=targets[len(targets) // 2], neuron_order=[lc.order for lc in layers],
+                   neuron_frequency=[lc.frequency for lc in layers], top_token_ids=top_token_ids,
+                   top_token_counts=top_token_counts, frequency_tokens=frequency_tokens,
+                   predictor_rank=predictor_rank,
+                   predictors=[lc.predictor for lc in layers if lc.predictor is not None])
 
     def threshold_for(self, sparsity: float) -> list[float]:
         j = self.sparsity_targets.index(sparsity)
@@ -99,88 +114,134 @@ def _round(a: np.ndarray) -> list[list[float]]:
     return [[float(f"{v:.6g}") for v in row] for row in a]
 
 
+@dataclass
+class LayerCalibration:
+    """What one layer's calibration pass yields."""
+
+    layer: int
+    importance: dict[str, np.ndarray]  # tensor name -> E[x^2] per input column
+    act_thresholds: np.ndarray  # [n_targets]
+    gate_thresholds: np.ndarray  # [n_targets]
+    frequency: np.ndarray  # [d_ff] float32: fraction of tokens on which each neuron is active
+    order: np.ndarray  # [d_ff] int32, hot first
+    predictor: Predictor | None
+
+
+def layer_statistics(layer: int, gate_pre: torch.Tensor, ffn_inputs: torch.Tensor | None, gate_w: np.ndarray | None,
+                     activation_kind: str, targets: list[float], predictor_rank: int,
+                     predictor_recall: float = 0.9) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray,
+                                                              Predictor | None]:
+    """(act thresholds, gate thresholds, neuron frequency, hot-first order, predictor) of one layer
+    from its gate pre-activations `[T, d_ff]` (and FFN inputs `[T, d_model]`, gate weights
+    `[d_ff, d_model]` for the predictor). Quantiles are order statistics (np.partition: linear
+    time, where sorting 40M values per layer was the slowest part of calibrating a 7B model)."""
+    g = gate_pre.float()  # [T, d_ff]
+    a = activate(g, activation_kind).abs_()
+    act_thr = _quantiles(a.numpy(), targets)
+    gate_thr = _quantiles(g.abs().numpy(), targets)
+    mid = targets[len(targets) // 2]
+    active = a > float(act_thr[targets.index(mid)])  # [T, d_ff]
+    freq = active.float().mean(dim=0).numpy().astype(np.float32)
+    order = np.argsort(-freq, kind="stable").astype(np.int32)
+    predictor = None
+    if predictor_rank > 0 and ffn_inputs is not None and gate_w is not None:
+        predictor = fit_predictor(layer, ffn_inputs.float().numpy(), active.numpy(), gate_w, activation_kind,
+                                  predictor_rank, predictor_recall, float(act_thr[targets.index(mid)]))
+    return act_thr, gate_thr, freq, order, predictor
+
+
+def _quantiles(values: np.ndarray, qs: list[float]) -> np.ndarray:
+    """The q-quantiles of all values, as the k-th smallest (k = q * (n - 1), rounded)."""
+    flat = values.reshape(-1)
+    ks = sorted({min(flat.size - 1, max(0, round(q * (flat.size - 1)))) for q in qs})
+    part = np.partition(flat, ks)
+    return np.array([part[min(flat.size - 1, max(0, round(q * (flat.size - 1))))] for q in qs], dtype=np.float64)
+
+
+def token_frequencies(frequency_ids: list[int], vocab_size: int, top_tokens: int) -> tuple[np.ndarray, np.ndarray]:
+    """(ids, counts) of the most frequent tokens, most frequent first, only tokens that occurred."""
+    counts = np.bincount(np.asarray(frequency_ids, dtype=np.int64), minlength=vocab_size)[:vocab_size]
+    ranked = np.argsort(-counts, kind="stable")[:top_tokens]
+    ranked = ranked[counts[ranked] > 0]
+    return ranked.astype(np.int64), counts[ranked].astype(np.int64)
+
+
 def calibrate(source: ModelSource, windows: list[list[int]], *, text_source: str, window_tokens: int,
               sparsity_targets: list[float], frequency_ids: list[int], top_tokens: int = 8192,
               predictor_rank: int = 0, predictor_recall: float = 0.9, progress: bool = True,
               threads: int = 1) -> Calibration:
-    spec = source.spec
-    ops = RecordingOps(spec.n_layers, keep_ffn_inputs=predictor_rank > 0, threads=threads)
-    head = head_tensor(source)
-    for ids in bar(windows, "calibrate: forward", progress, unit="window"):
-        hidden = final_hidden(source, ops, ids)
-        ops.record_input(head.name, hidden)  # the head's input, without computing 262k logits
-    ops.release()
-    importance = ops.importance()
+    """The whole calibration of a model in memory (the streaming export does the same layer by
+    layer between its writes): every layer run on torch over the windows, statistics per layer."""
+    from edgeflash.export.layerwise import LayerwiseRunner
 
     targets = sorted({float(s) for s in sparsity_targets})
-    mid = targets[len(targets) // 2]
-    act_thr = np.zeros((spec.n_layers, len(targets)))
-    gate_thr = np.zeros((spec.n_layers, len(targets)))
-    order, freq, predictors = [], [], []
-    for layer in bar(range(spec.n_layers), "calibrate: thresholds", progress, unit="layer"):
-        g = np.concatenate(ops.gate_pre[layer]).astype(np.float32)  # [T, d_ff]
-        a = np.abs(activation(g, spec.activation))
-        act_thr[layer] = np.quantile(a, targets)
-        gate_thr[layer] = np.quantile(np.abs(g), targets)
-        active = a > act_thr[layer, targets.index(mid)]
-        f = active.mean(axis=0).astype(np.float32)  # [d_ff]
-        freq.append(f)
-        order.append(np.argsort(-f, kind="stable").astype(np.int32))
-        if predictor_rank > 0:
-            x = np.concatenate(ops.ffn_inputs[layer]).astype(np.float32)  # [T, d_model]
-            gate_w = _dense(source, f"blk.{layer}.ffn_gate.weight")
-            predictors.append(fit_predictor(layer, x, active, gate_w, spec.activation, predictor_rank,
-                                            predictor_recall, act_thr[layer, targets.index(mid)]))
-        ops.gate_pre[layer] = []
-        if ops.ffn_inputs is not None:
-            ops.ffn_inputs[layer] = []
-
-    counts = np.bincount(np.asarray(frequency_ids, dtype=np.int64), minlength=spec.vocab_size)[:spec.vocab_size]
-    ranked = np.argsort(-counts, kind="stable")[:top_tokens]
-    ranked = ranked[counts[ranked] > 0]
-    return Calibration(
-        text_source=text_source, tokens=sum(len(w) for w in windows), windows=len(windows),
-        window_tokens=window_tokens, importance=importance, sparsity_targets=targets,
-        act_thresholds=act_thr, gate_thresholds=gate_thr, frequency_sparsity=mid,
-        neuron_order=order, neuron_frequency=freq, top_token_ids=ranked.astype(np.int64),
-        top_token_counts=counts[ranked].astype(np.int64), frequency_tokens=len(frequency_ids),
-        predictor_rank=predictor_rank, predictors=predictors)
-
-
-def _dense(source: ModelSource, name: str) -> np.ndarray:
-    from edgeflash.export.quant.methods import dequantize_matrix
-
-    t = source.tensors[name]
-    return dequantize_matrix(t.raw, t.fmt, t.cols).reshape(t.shape)
+    runner = LayerwiseRunner(source, windows, keep_ffn_inputs=predictor_rank > 0, threads=threads)
+    layers = []
+    for layer in bar(range(source.spec.n_layers), "calibrate", progress, unit="layer"):
+        layers.append(runner.calibrate_layer(layer, targets, predictor_rank, predictor_recall))
+        runner.release_layer(layer)
+    importance = {name: e for lc in layers for name, e in lc.importance.items()}
+    importance.update(runner.head_importance())
+    runner.close()
+    ids, counts = token_frequencies(frequency_ids, source.spec.vocab_size, top_tokens)
+    return Calibration.from_layers(layers, text_source=text_source, tokens=sum(len(w) for w in windows),
+                                   windows=len(windows), window_tokens=window_tokens, importance=importance,
+                                   targets=targets, top_token_ids=ids, top_token_counts=counts,
+                                   frequency_tokens=len(frequency_ids), predictor_rank=predictor_rank)
 
 
 def fit_predictor(layer: int, x: np.ndarray, active: np.ndarray, gate_w: np.ndarray, act: str, rank: int,
                   target_recall: float, act_threshold: float) -> Predictor:
     """Rank-r predictor of the gate pre-activations: g ~ B (A x), the best rank-r approximation
-    of gate_w under the calibration inputs' covariance C = L L^T (truncated SVD of L^T gate_w^T,
+    of gate_w under the calibration inputs' covariance C = L L^T (truncated SVD of z = L^T gate_w^T,
     so the error is measured on the inputs the layer actually sees). The first 3/4 of the
     tokens fit it and pick the threshold for `target_recall`; the last 1/4 measures it.
 
+    The SVD is a randomized subspace iteration that only multiplies by z and z^T (products with
+    gate_w and L): forming z z^T costs d_model^2 x d_ff, 0.5 TFLOP a layer for a 7B model.
+
     x: [T, d_model]; active: [T, d_ff] bool (|act(gate x)| > act_threshold); gate_w: [d_ff, d_model]."""
     split = max(1, int(len(x) * 0.75))
-    fit_x, test_x = torch.from_numpy(x[:split].astype(np.float64)), x[split:]
+    test_x = x[split:]
     d = x.shape[1]
-    cov = fit_x.T @ fit_x / len(fit_x) + 1e-6 * torch.eye(d, dtype=torch.float64)  # [d, d]
-    chol = torch.linalg.cholesky(cov)  # cov = L L^T
-    z = (chol.T @ torch.from_numpy(gate_w.T.astype(np.float64))).numpy()  # [d, d_ff]: gate map on whitened inputs
+    fit = torch.from_numpy(np.ascontiguousarray(x[:split], dtype=np.float32))
+    cov = (fit.T @ fit).double() / len(fit)  # [d, d]; fewer tokens than dimensions leave it singular
+    jitter = 1e-5 * float(cov.diagonal().mean()) + 1e-8
+    while True:  # the smallest ridge that makes it positive definite (float32 products round a little)
+        chol, info = torch.linalg.cholesky_ex(cov + jitter * torch.eye(d, dtype=torch.float64))  # cov = L L^T
+        if int(info) == 0:
+            break
+        jitter *= 10
+    lt = chol.T.float().contiguous()  # L^T [d, d]
+    g = torch.from_numpy(np.ascontiguousarray(gate_w, dtype=np.float32))  # [d_ff, d]
+
+    def z(m: torch.Tensor) -> torch.Tensor:  # z @ m = L^T gate_w^T m: [d, k]
+        return lt @ (g.T @ m)
+
+    def zt(m: torch.Tensor) -> torch.Tensor:  # z^T @ m = gate_w L m: [d_ff, k]
+        return g @ (lt.T @ m)
+
     r = min(rank, d)
-    u = _top_eigenvectors(z @ z.T, r)  # [d, r]: top left singular vectors of z
-    a = torch.linalg.solve_triangular(chol.T, torch.from_numpy(u), upper=True).numpy().T  # [r, d] = (L^-T U_r)^T
-    b = z.T @ u  # [d_ff, r] = V_r S_r
+    k = min(d, r + 16)
+    q, _ = torch.linalg.qr(z(torch.from_numpy(np.random.default_rng(0).standard_normal((g.shape[0], k))
+                                              .astype(np.float32))))
+    for _ in range(4):
+        q, _ = torch.linalg.qr(z(zt(q)))
+    small = zt(q)  # [d_ff, k] = z^T Q; z ~ Q (Q^T z)
+    u_small, _, _ = torch.linalg.svd(small.T, full_matrices=False)  # Q^T z = U S V^T
+    u = (q @ u_small[:, :r]).double()  # [d, r]: top left singular vectors of z
+    a = torch.linalg.solve_triangular(chol.T, u, upper=True).T.float().numpy()  # [r, d] = (L^-T U_r)^T
+    b = zt(u.float()).numpy()  # [d_ff, r] = z^T U_r = V_r S_r
     a32, b32 = a.astype(np.float16).astype(np.float32), b.astype(np.float16).astype(np.float32)  # as stored
 
     def predicted_magnitude(inputs: np.ndarray) -> np.ndarray:
-        return np.abs(activation((inputs.astype(np.float32) @ a32.T) @ b32.T, act))  # [T, d_ff]
+        t = torch.from_numpy(np.ascontiguousarray(inputs, dtype=np.float32))
+        return activate((t @ torch.from_numpy(a32).T) @ torch.from_numpy(b32).T, act).abs_().numpy()  # [T, d_ff]
 
     fit_pred = predicted_magnitude(x[:split])
     truly = active[:split]
     # threshold: the (1 - recall) quantile of the predicted magnitude over truly active neurons
-    thr = float(np.quantile(fit_pred[truly], 1.0 - target_recall)) if truly.any() else float(act_threshold)
+    thr = float(_quantiles(fit_pred[truly], [1.0 - target_recall])[0]) if truly.any() else float(act_threshold)
     test_active = active[split:] if len(test_x) else truly
     test_pred = predicted_magnitude(test_x) > thr if len(test_x) else fit_pred > thr
     tp = float(np.logical_and(test_pred, test_active).sum())
@@ -188,15 +249,3 @@ def fit_predictor(layer: int, x: np.ndarray, active: np.ndarray, gate_w: np.ndar
     precision = tp / max(float(test_pred.sum()), 1.0)
     return Predictor(layer=layer, a=a32, b=b32, threshold=thr, recall=recall, precision=precision,
                      predicted_active=float(test_pred.mean()))
-
-
-def _top_eigenvectors(m: np.ndarray, r: int, iterations: int = 8) -> np.ndarray:
-    """Top-r eigenvectors of a symmetric PSD matrix by subspace iteration (a fixed-seed randomized
-    range finder): a few [d, r]-wide products instead of a full eigendecomposition."""
-    d = m.shape[0]
-    k = min(d, r + 16)
-    q, _ = np.linalg.qr(m @ np.random.default_rng(0).standard_normal((d, k)))
-    for _ in range(iterations):
-        q, _ = np.linalg.qr(m @ q)
-    _, vecs = np.linalg.eigh(q.T @ m @ q)  # [k, k]
-    return q @ vecs[:, ::-1][:, :r]

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import sys
-from collections.abc import Iterable
+import time
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
 from typing import TypeVar
 
 from tqdm import tqdm
@@ -26,3 +28,22 @@ def note(message: str, enabled: bool) -> None:
 def tqdm_bytes(total: int, desc: str, enabled: bool) -> tqdm:
     return tqdm(total=total, desc=desc, unit="B", unit_scale=True, unit_divisor=1024, disable=not enabled,
                 file=sys.stderr, leave=False, dynamic_ncols=True)
+
+
+class StageClock:
+    """Wall and CPU seconds per export stage, summed over every time a stage runs (the streaming
+    export alternates calibrate, quantize and write layer by layer)."""
+
+    def __init__(self, progress: bool):
+        self.progress = progress
+        self.wall: dict[str, float] = {}
+        self.cpu: dict[str, float] = {}
+
+    @contextmanager
+    def stage(self, name: str) -> Iterator[None]:
+        wall, cpu = time.perf_counter(), time.process_time()
+        try:
+            yield
+        finally:
+            self.wall[name] = round(self.wall.get(name, 0.0) + time.perf_counter() - wall, 2)
+            self.cpu[name] = round(self.cpu.get(name, 0.0) + time.process_time() - cpu, 2)

@@ -22,8 +22,8 @@ from edgeflash.memory.direct_io import aligned_empty, open_direct, read_range
 from edgeflash.memory.io_profile import best_settings
 from edgeflash.memory.layout import Location, WeightLayout, align_down, align_up, build_layout, group_units
 from edgeflash.memory.planner import BudgetError, make_plan
-from edgeflash.runtime.bundle.arena import arena_layer
 from edgeflash.runtime.approximate import ROW_READ_BYTES, ApproximateMode
+from edgeflash.runtime.bundle.arena import arena_layer
 from edgeflash.runtime.native_config import engine_memory
 from edgeflash.runtime.native_engine import LAYER_SLOTS, NativeEngine
 from edgeflash.runtime.source import ModelSource
@@ -46,7 +46,7 @@ def source_layout(source: ModelSource) -> WeightLayout:
         bundle = source.info["bundle"]
         path = bundle.weights_path
         locations = {n: Location(bundle.blocks[e.block].offset + e.offset, e.nbytes) for n, e in bundle.tensors.items()}
-        for name, arena in bundle.ffn_arenas().items():  # a layer's FFN stored once, as its arena
+        for name in bundle.ffn_arenas():  # a layer's FFN stored once, as its arena
             block = bundle.arena_block(arena_layer(name))
             locations[name] = Location(block.offset + block.arena.offset, block.arena.nbytes)
     else:

@@ -16,6 +16,7 @@ from typing import Any
 import numpy as np
 from edgeflash.base.errors import ModelFormatError, UnsupportedModelError
 from edgeflash.kernels.formats import FORMATS
+from edgeflash.runtime.bundle.arena import is_one_copy
 from edgeflash.runtime.bundle.layout import (
     BLOCK_ALIGNMENT,
     BLOCK_KINDS,
@@ -26,7 +27,6 @@ from edgeflash.runtime.bundle.layout import (
     TOKENIZER_TABLES_FILE,
     WEIGHTS_FILE,
 )
-from edgeflash.runtime.bundle.arena import is_one_copy
 from edgeflash.runtime.bundle.packed import unpack_array
 
 
