@@ -11,11 +11,12 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
+from dataclasses import dataclass
 
 import numpy as np
 import torch
 from edgeflash.export.calibrate import LayerCalibration, layer_statistics
-from edgeflash.export.torch_ops import LayerRecorder, WindowContext, take_layer
+from edgeflash.export.torch_ops import LayerRecorder, WindowContext, dense_values, take_layer
 from edgeflash.runtime.families import family
 from edgeflash.runtime.families.common import LayerWeights
 from edgeflash.runtime.rope import inv_frequencies
@@ -72,25 +73,32 @@ class LayerwiseRunner:
         if self._pool is not None:
             self._pool.shutdown()
 
-    def run_layer(self, layer: int) -> tuple[dict[str, np.ndarray], torch.Tensor, torch.Tensor | None, np.ndarray]:
-        """Advance every window through `layer`: (importance, gate pre-activations [T, d_ff],
-        FFN inputs [T, d_model] or None, the layer's gate weights [d_ff, d_model] float32)."""
+    def run_layer(self, layer: int) -> LayerRun:
+        """Advance every window through `layer` and return what it recorded."""
         w = LayerWeights(self.source.tensors, layer)
         self._each_window(lambda ops, i: self.family.block(ops, self.spec, layer, w, self.hidden[i],
                                                            WindowContext(self.inv_freq, self.hidden[i].shape[0])))
-        gate_w = self.recorders[0].weight(w["ffn_gate.weight"]).numpy()
+        values = {name: t.numpy() for name, t in self.recorders[0].weights().items()}
         importance, gate_pre, ffn_inputs = take_layer(self.recorders)
-        return importance, gate_pre, ffn_inputs, gate_w
+        return LayerRun(layer, importance, gate_pre, ffn_inputs, values, self.spec.activation,
+                        self._output_importance(layer))
+
+    def _output_importance(self, layer: int) -> np.ndarray:
+        """E[x^2] per dimension of the layer's output as the next reader sees it: the residual stream
+        after `layer`, through the next layer's input norm (the final norm after the last layer).
+        It weights the quantization of the layer's down columns, whose blocks run along d_model."""
+        nxt = f"blk.{layer + 1}.attn_norm.weight" if layer + 1 < self.spec.n_layers else "output_norm.weight"
+        g = torch.from_numpy(np.ascontiguousarray(dense_values(self.source.tensors[nxt]), dtype=np.float32))
+        total = torch.zeros(g.shape[0], dtype=torch.float64)
+        with torch.no_grad():
+            for x in self.hidden:
+                h = x * torch.rsqrt(x.square().mean(dim=-1, keepdim=True) + self.spec.norm_eps) * g
+                total += h.double().square().sum(dim=0)
+        return (total / max(self.tokens, 1)).numpy()
 
     def calibrate_layer(self, layer: int, targets: list[float], predictor_rank: int,
                         predictor_recall: float = 0.9) -> LayerCalibration:
-        importance, gate_pre, ffn_inputs, gate_w = self.run_layer(layer)
-        with torch.no_grad(), torch_threads(1):
-            act_thr, gate_thr, freq, order, predictor = layer_statistics(
-                layer, gate_pre, ffn_inputs, gate_w if predictor_rank else None, self.spec.activation, targets,
-                predictor_rank, predictor_recall)
-        return LayerCalibration(layer=layer, importance=importance, act_thresholds=act_thr, gate_thresholds=gate_thr,
-                                frequency=freq, order=order, predictor=predictor)
+        return self.run_layer(layer).statistics(targets, predictor_rank, predictor_recall)
 
     def release_layer(self, layer: int) -> None:
         """Hand the layer's memory-mapped source pages back to the OS (they are re-read if needed)."""
@@ -107,6 +115,30 @@ class LayerwiseRunner:
                 sumsq = h.square().sum(dim=0) if sumsq is None else sumsq + h.square().sum(dim=0)
         ops.release()
         return {name: (sumsq / max(self.tokens, 1)).numpy()}
+
+
+@dataclass
+class LayerRun:
+    """One layer's pass over the calibration windows: what the statistics and the quantizers need."""
+
+    layer: int
+    importance: dict[str, np.ndarray]  # tensor name -> E[x^2] per input column
+    gate_pre: torch.Tensor  # [T, d_ff] float16
+    ffn_inputs: torch.Tensor | None  # [T, d_model] float16
+    values: dict[str, np.ndarray]  # the layer's float32 source weights, by tensor name
+    activation: str
+    output_importance: np.ndarray  # [d_model]: E[x^2] of the layer's output through the next norm
+
+    def statistics(self, targets: list[float], predictor_rank: int, predictor_recall: float = 0.9
+                   ) -> LayerCalibration:
+        gate_w = self.values.get(f"blk.{self.layer}.ffn_gate.weight")
+        with torch.no_grad(), torch_threads(1):
+            act_thr, gate_thr, freq, order, predictor = layer_statistics(
+                self.layer, self.gate_pre, self.ffn_inputs, gate_w if predictor_rank else None, self.activation,
+                targets, predictor_rank, predictor_recall)
+        return LayerCalibration(layer=self.layer, importance=self.importance, act_thresholds=act_thr,
+                                gate_thresholds=gate_thr, frequency=freq, order=order, predictor=predictor,
+                                output_importance=self.output_importance)
 
 
 def release_tensors(source: ModelSource, names: list[str]) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sys
+import threading
 import time
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
@@ -31,19 +32,25 @@ def tqdm_bytes(total: int, desc: str, enabled: bool) -> tqdm:
 
 
 class StageClock:
-    """Wall and CPU seconds per export stage, summed over every time a stage runs (the streaming
-    export alternates calibrate, quantize and write layer by layer)."""
+    """Wall seconds per export stage, summed over every time a stage runs; stages may overlap (a
+    layer's quantization runs while the next layer calibrates), so `total_wall` is kept apart.
+    CPU seconds are counted for the whole process."""
 
     def __init__(self, progress: bool):
         self.progress = progress
         self.wall: dict[str, float] = {}
-        self.cpu: dict[str, float] = {}
+        self._start_wall, self._start_cpu = time.perf_counter(), time.process_time()
+        self._lock = threading.Lock()
 
     @contextmanager
     def stage(self, name: str) -> Iterator[None]:
-        wall, cpu = time.perf_counter(), time.process_time()
+        wall = time.perf_counter()
         try:
             yield
         finally:
-            self.wall[name] = round(self.wall.get(name, 0.0) + time.perf_counter() - wall, 2)
-            self.cpu[name] = round(self.cpu.get(name, 0.0) + time.process_time() - cpu, 2)
+            with self._lock:
+                self.wall[name] = round(self.wall.get(name, 0.0) + time.perf_counter() - wall, 2)
+
+    def totals(self) -> dict[str, float]:
+        return {"wall": round(time.perf_counter() - self._start_wall, 2),
+                "cpu": round(time.process_time() - self._start_cpu, 2)}

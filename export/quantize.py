@@ -60,12 +60,13 @@ def sqnr_db(ref: np.ndarray, approx: np.ndarray, weights: np.ndarray | None = No
     return 10.0 * math.log10(max(signal, 1e-300) / noise)
 
 
-def quantize_tensor(t: Tensor, plan: TensorPlan, importance: np.ndarray | None) -> QuantizedTensor:
+def quantize_tensor(t: Tensor, plan: TensorPlan, importance: np.ndarray | None,
+                    values: np.ndarray | None = None) -> QuantizedTensor:
     """One tensor through its plan; `importance` (E[x^2] per input column) drives the weighted
-    methods and the weighted SQNR."""
+    methods and the weighted SQNR; `values`: its float32 values when already at hand."""
     if plan.format == "keep":
         return QuantizedTensor(t, plan, t.fmt, None, None)
-    values = source_values(t)  # [rows, cols]
+    values = source_values(t) if values is None else values.reshape(t.rows, t.cols)  # [rows, cols]
     imp = importance if len(t.shape) > 1 else None
     raw = quantize_matrix(values, plan.format, plan.method, imp)
     q = Tensor(t.name, plan.format, t.shape, raw)

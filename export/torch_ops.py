@@ -64,6 +64,10 @@ class TorchOps:
                     w = self._weights[t.name] = torch.from_numpy(np.ascontiguousarray(dense_values(t)))
         return w
 
+    def weights(self) -> dict[str, torch.Tensor]:
+        """The float32 weights dequantized since the last `release()`, by tensor name."""
+        return dict(self._weights)
+
     def release(self) -> None:
         self._weights.clear()
 
