@@ -287,7 +287,6 @@ def _stream(model: ModelSource, writer: BundleWriter, blocks: list[BlockSpec], q
     with clock.stage("calibrate"):
         importance.update(runner.head_importance())
         runner.close()
-        del runner
     with clock.stage("quantize"):
         _write_globals(model, writer, by_name["globals"], qconfig, reports, fallbacks)
         head = by_name["head"] if "head" in by_name else by_name["embedding"]

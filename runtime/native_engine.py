@@ -9,10 +9,11 @@ kernels do not run are converted once at load, and the conversion is reported in
 
 from __future__ import annotations
 
-from typing import Any, Protocol, Sequence
+from collections.abc import Sequence
+from typing import Any, Protocol
 
-import edgeflash.kernels as kernels
 import numpy as np
+from edgeflash import kernels
 from edgeflash.base.errors import ModelFormatError, UserError
 from edgeflash.kernels import _native
 from edgeflash.kernels.formats import KERNEL_FORMATS
