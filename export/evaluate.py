@@ -17,6 +17,9 @@ from edgeflash.export.progress import bar
 from edgeflash.runtime.source import ModelSource
 
 EVAL_BATCH = 64  # tokens per engine call (the engine's default max_batch)
+# Weights an evaluation keeps resident; a larger model streams the rest from its file each batch
+# (with direct I/O, about 1 GB/s here), so evaluating a 7B model takes no more memory than a 1B one.
+EVAL_RESIDENT_BYTES = 512 << 20
 
 
 @dataclass
@@ -43,10 +46,7 @@ def perplexity(model: ModelSource, windows: list[list[int]], desc: str = "evalua
     """Perplexity of `model` on the windows (each scored from its second token on). With
     `gate_thresholds` (per layer), FFN neurons whose |gate . x| falls below the layer's threshold
     are skipped (a bundle's arenas only): the quality of activation sparsity at that level."""
-    from edgeflash.runtime.native_engine import NativeEngine
-
-    longest = max(len(w) for w in windows)
-    engine = NativeEngine(model, threads=threads, context_length=max(longest, 2), max_batch=EVAL_BATCH)
+    engine = evaluation_engine(model, max(len(w) for w in windows), threads)
     if gate_thresholds is not None:
         engine._engine.set_ffn_thresholds([float(t) for t in gate_thresholds])
     per_window = []
@@ -63,6 +63,28 @@ def perplexity(model: ModelSource, windows: list[list[int]], desc: str = "evalua
     del engine
     gc.collect()
     return _from_windows(per_window)
+
+
+def evaluation_engine(model: ModelSource, context: int, threads: int):
+    """A native engine for `model`: every weight resident when the model is small, else under a
+    budget of EVAL_RESIDENT_BYTES of resident weights plus the engine's own buffers."""
+    from edgeflash.memory.planner import BudgetError
+    from edgeflash.runtime.budgeted import BudgetedWeights
+    from edgeflash.runtime.native_config import engine_memory, engine_options
+    from edgeflash.runtime.native_engine import NativeEngine
+
+    options = engine_options(model.spec, context_length=max(context, 2), max_batch=EVAL_BATCH)
+    if model.kind not in ("gguf", "bundle") or model.weight_bytes <= EVAL_RESIDENT_BYTES:
+        return NativeEngine(model, threads=threads, options=options)
+    mem = engine_memory(model.spec, options)
+    budget = EVAL_RESIDENT_BYTES + mem.kv_cache + mem.activations + model.spec.vocab_size * 4
+    for _ in range(8):
+        try:
+            weights = BudgetedWeights(model, budget=budget, options=options, strategy="flash", verify=False)
+            return NativeEngine(model, weights=weights, threads=threads, options=options)
+        except BudgetError as e:  # the plan's own minimum (staging for the largest unit...) is more
+            budget = max(budget, e.minimum_bytes or 0) + (64 << 20)
+    raise BudgetError(f"{model.path}: no memory plan for evaluating this model")
 
 
 def _nll(logits: np.ndarray, targets: np.ndarray, rows: int = 8) -> float:

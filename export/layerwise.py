@@ -21,6 +21,7 @@ from edgeflash.runtime.families import family
 from edgeflash.runtime.families.common import LayerWeights
 from edgeflash.runtime.rope import inv_frequencies
 from edgeflash.runtime.source import ModelSource
+from edgeflash.runtime.tensors import Tensor
 
 
 @contextmanager
@@ -78,9 +79,8 @@ class LayerwiseRunner:
         w = LayerWeights(self.source.tensors, layer)
         self._each_window(lambda ops, i: self.family.block(ops, self.spec, layer, w, self.hidden[i],
                                                            WindowContext(self.inv_freq, self.hidden[i].shape[0])))
-        values = {name: t.numpy() for name, t in self.recorders[0].weights().items()}
         importance, gate_pre, ffn_inputs = take_layer(self.recorders)
-        return LayerRun(layer, importance, gate_pre, ffn_inputs, values, self.spec.activation,
+        return LayerRun(layer, importance, gate_pre, ffn_inputs, w["ffn_gate.weight"], self.spec.activation,
                         self._output_importance(layer))
 
     def _output_importance(self, layer: int) -> np.ndarray:
@@ -125,16 +125,16 @@ class LayerRun:
     importance: dict[str, np.ndarray]  # tensor name -> E[x^2] per input column
     gate_pre: torch.Tensor  # [T, d_ff] float16
     ffn_inputs: torch.Tensor | None  # [T, d_model] float16
-    values: dict[str, np.ndarray]  # the layer's float32 source weights, by tensor name
+    gate: Tensor  # the layer's source gate weights (the predictor is fit against them)
     activation: str
     output_importance: np.ndarray  # [d_model]: E[x^2] of the layer's output through the next norm
 
     def statistics(self, targets: list[float], predictor_rank: int, predictor_recall: float = 0.9
                    ) -> LayerCalibration:
-        gate_w = self.values.get(f"blk.{self.layer}.ffn_gate.weight")
+        gate_w = dense_values(self.gate) if predictor_rank else None
         with torch.no_grad(), torch_threads(1):
             act_thr, gate_thr, freq, order, predictor = layer_statistics(
-                self.layer, self.gate_pre, self.ffn_inputs, gate_w if predictor_rank else None, self.activation,
+                self.layer, self.gate_pre, self.ffn_inputs, gate_w, self.activation,
                 targets, predictor_rank, predictor_recall)
         return LayerCalibration(layer=self.layer, importance=self.importance, act_thresholds=act_thr,
                                 gate_thresholds=gate_thr, frequency=freq, order=order, predictor=predictor,

@@ -265,7 +265,7 @@ def _stream(model: ModelSource, writer: BundleWriter, blocks: list[BlockSpec], q
         while the next layer runs over the calibration windows."""
         with clock.stage("quantize"):
             lc = run.statistics(targets, opts.predictor_rank)
-            _write_layer(model, writer, by_name, run.layer, qconfig, lc, run.values, reports, fallbacks, opts)
+            _write_layer(model, writer, by_name, run.layer, qconfig, lc, reports, fallbacks, opts)
             runner.release_layer(run.layer)
             calibrated[run.layer] = lc
 
@@ -346,10 +346,9 @@ def _tensor(model: ModelSource, name: str) -> Tensor:
 
 
 def _quantized(model: ModelSource, name: str, qconfig: QuantConfig, importance: dict[str, np.ndarray],
-               reports: dict[str, dict[str, Any]], fallbacks: list[dict[str, str]],
-               values: np.ndarray | None = None) -> np.ndarray:
+               reports: dict[str, dict[str, Any]], fallbacks: list[dict[str, str]]) -> np.ndarray:
     t = _tensor(model, name)
-    q = quantize_tensor(t, qconfig.plan(name, t.shape), importance.get(name), values)
+    q = quantize_tensor(t, qconfig.plan(name, t.shape), importance.get(name))
     reports[name] = q.report()
     if q.plan.fallback_from:
         fallbacks.append(_fallback(name, q.plan.fallback_from, q.plan.format, q.plan.reason))
@@ -361,9 +360,10 @@ def _fallback(name: str, wanted: str, stored: str, reason: str) -> dict[str, str
 
 
 def _write_layer(model: ModelSource, writer: BundleWriter, by_name: dict[str, BlockSpec], layer: int,
-                 qconfig: QuantConfig, lc: LayerCalibration, values: dict[str, np.ndarray],
-                 reports: dict[str, dict[str, Any]], fallbacks: list[dict[str, str]], opts: ExportOptions) -> None:
-    """`values`: the layer's float32 weights where calibration already dequantized them."""
+                 qconfig: QuantConfig, lc: LayerCalibration, reports: dict[str, dict[str, Any]],
+                 fallbacks: list[dict[str, str]], opts: ExportOptions) -> None:
+    """The layer's blocks; each tensor is dequantized from the source when it is quantized, so one
+    matrix exists in float32 at a time."""
     for kind in ("attention", "ffn", "neurons", "predictor"):
         block = by_name.get(f"layer.{layer}.{kind}")
         if block is None:
@@ -375,15 +375,13 @@ def _write_layer(model: ModelSource, writer: BundleWriter, by_name: dict[str, Bl
                 values = p.a if slot.name.endswith("predictor_a.weight") else p.b
                 tensors[slot.name] = np.ascontiguousarray(values, dtype=np.float16)
             else:
-                tensors[slot.name] = _quantized(model, slot.name, qconfig, lc.importance, reports, fallbacks,
-                                                values.get(slot.name))
-        arena = _arena(model, block, qconfig, lc, values, reports, fallbacks) if block.arena is not None else None
+                tensors[slot.name] = _quantized(model, slot.name, qconfig, lc.importance, reports, fallbacks)
+        arena = _arena(model, block, qconfig, lc, reports, fallbacks) if block.arena is not None else None
         writer.write_block(block.name, tensors, arena, lc.order if arena is not None else None)
 
 
 def _arena(model: ModelSource, block: BlockSpec, qconfig: QuantConfig, lc: LayerCalibration,
-           values_by_name: dict[str, np.ndarray], reports: dict[str, dict[str, Any]],
-           fallbacks: list[dict[str, str]]) -> np.ndarray:
+           reports: dict[str, dict[str, Any]], fallbacks: list[dict[str, str]]) -> np.ndarray:
     """The layer's neuron arena, hot first. Gate and up rows are quantized like the dense matrices
     (weighted by the FFN input's E[x^2]); down columns, whose blocks run along d_model, weighted by
     E[x^2] of the layer's output through the next layer's input norm (Gemma 3, 512 held-out tokens:
@@ -398,7 +396,7 @@ def _arena(model: ModelSource, block: BlockSpec, qconfig: QuantConfig, lc: Layer
         t = _tensor(model, name)
         plan = qconfig.plan(name, t.shape)
         method = plan.method if plan.method in ("rtn", "weighted") else "rtn"
-        values = values_by_name[name] if name in values_by_name else source_values(t)
+        values = source_values(t)
         if part == "down":
             values = np.ascontiguousarray(values.T)  # [d_ff, d_model]: one row per neuron
         part_imp = imp if part != "down" else lc.output_importance
@@ -539,7 +537,7 @@ def _baseline(model: ModelSource, bundle_path: Path, qconfig: QuantConfig, windo
             plain = LayerCalibration(layer=layer, importance={}, act_thresholds=np.zeros(0), gate_thresholds=np.zeros(0),
                                      frequency=np.zeros(spec.d_ff, np.float32),
                                      order=np.arange(spec.d_ff, dtype=np.int32), predictor=None)
-            _write_layer(model, writer, by_name, layer, baseline, plain, {}, reports, fallbacks, opts)
+            _write_layer(model, writer, by_name, layer, baseline, plain, reports, fallbacks, opts)
         _write_globals(model, writer, by_name["globals"], baseline, reports, fallbacks)
         for table in ("embedding", "head"):
             if table in by_name:
