@@ -29,7 +29,14 @@ from edgeflash.export.progress import StageClock, bar, note
 from edgeflash.export.quant.config import QuantConfig
 from edgeflash.export.quant.methods import dequantize_matrix, prepare_importance, quantize_matrix
 from edgeflash.export.quant.schemes import resolve_config
-from edgeflash.export.quantize import QuantizedTensor, quantize_tensor, source_values, sqnr_db
+from edgeflash.export.quant.weighted import quantize_threads
+from edgeflash.export.quantize import (
+    SQNR_SAMPLE_VALUES,
+    QuantizedTensor,
+    quantize_tensor,
+    source_values,
+    sqnr_db,
+)
 from edgeflash.export.text import token_windows
 from edgeflash.export.threads import export_threads
 from edgeflash.export.writer import BundleWriter, check_output
@@ -287,7 +294,7 @@ def _stream(model: ModelSource, writer: BundleWriter, blocks: list[BlockSpec], q
     with clock.stage("calibrate"):
         importance.update(runner.head_importance())
         runner.close()
-    with clock.stage("quantize"):
+    with clock.stage("quantize"), quantize_threads(opts.threads):  # calibration is done: every core quantizes
         _write_globals(model, writer, by_name["globals"], qconfig, reports, fallbacks)
         head = by_name["head"] if "head" in by_name else by_name["embedding"]
         _write_table(model, writer, head, qconfig, importance.get(head_name(model)), reports, fallbacks, opts)
@@ -409,12 +416,13 @@ def _arena(model: ModelSource, block: BlockSpec, qconfig: QuantConfig, lc: Layer
             elif fmt != wanted:
                 fallbacks.append(_fallback(name, plan.format, fmt, f"the neuron arena stores {part} as rows of "
                                            f"{slot.d_model} values in a 32-value block format"))
-            approx = dequantize_matrix(rows[part], fmt, slot.d_model)
+            sample = slice(None, None, max(1, values.size // SQNR_SAMPLE_VALUES))  # SQNR on evenly spaced rows
+            approx = dequantize_matrix(rows[part][sample], fmt, slot.d_model)
             w = prepare_importance(part_imp, slot.d_model) if part_imp is not None else None
             reports[name] = {"name": name, "role": "ffn", "format": fmt, "method": method,
                              "source_format": t.fmt, "shape": list(t.shape), "nbytes": int(rows[part].nbytes),
-                             "sqnr_db": _db(sqnr_db(values, approx)),
-                             "weighted_sqnr_db": _db(sqnr_db(values, approx, w)) if w is not None else None,
+                             "sqnr_db": _db(sqnr_db(values[sample], approx)),
+                             "weighted_sqnr_db": _db(sqnr_db(values[sample], approx, w)) if w is not None else None,
                              "stored": "neuron arena" + (" (columns)" if part == "down" else "")}
     return arena_rows(rows["gate"], rows["up"], rows["down"], lc.order, slot)
 

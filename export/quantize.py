@@ -41,6 +41,9 @@ def source_values(t: Tensor) -> np.ndarray:
     return dequantize_matrix(t.raw, t.fmt, t.cols).reshape(t.rows, t.cols)
 
 
+SQNR_SAMPLE_VALUES = 1 << 20  # a report's SQNR is measured on evenly spaced rows holding about this many values
+
+
 def sqnr_db(ref: np.ndarray, approx: np.ndarray, weights: np.ndarray | None = None) -> float:
     """10 log10(signal / noise) of float32 matrices `[rows, cols]`, optionally with per-column
     weights; inf when identical. Works through row chunks (no full-size float64 copies)."""
@@ -72,9 +75,12 @@ def quantize_tensor(t: Tensor, plan: TensorPlan, importance: np.ndarray | None,
     q = Tensor(t.name, plan.format, t.shape, raw)
     if plan.format == t.fmt and np.array_equal(raw, np.asarray(t.raw).reshape(raw.shape)):
         return QuantizedTensor(q, plan, t.fmt, None, None)
-    approx = dequantize_matrix(raw, plan.format, t.cols)
+    rows = slice(None, None, max(1, values.size // SQNR_SAMPLE_VALUES))  # an evenly spaced sample of rows
+    approx = dequantize_matrix(raw[rows], plan.format, t.cols)
     w = prepare_importance(imp, t.cols) if imp is not None else None
-    return QuantizedTensor(q, plan, t.fmt, sqnr_db(values, approx), sqnr_db(values, approx, w) if w is not None else None)
+    sample = values[rows]
+    return QuantizedTensor(q, plan, t.fmt, sqnr_db(sample, approx),
+                           sqnr_db(sample, approx, w) if w is not None else None)
 
 
 def quantize_model(source: ModelSource, config: QuantConfig, importance: dict[str, np.ndarray] | None,
