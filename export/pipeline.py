@@ -13,6 +13,7 @@ public function of this package that can be run on its own (`LayerwiseRunner`, `
 
 from __future__ import annotations
 
+import math
 import warnings
 from collections.abc import Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -217,11 +218,11 @@ def _run(source: Any, out: Path, qconfig: QuantConfig, opts: ExportOptions, conf
     note(f"{model.name}: {model.spec.family}, {model.spec.n_layers} layers, {model.weight_bytes / 2**20:.1f} MiB of "
          f"weights; scheme {qconfig.scheme}; bundle {bundle_bytes / 2**20:.1f} MiB, FFN stored "
          f"{'once, as neuron arenas' if layout_kind == 'arena' else layout_kind}", opts.progress)
-    _check_memory(model, opts, bundle_bytes)
+    expected = _check_memory(model, opts, bundle_bytes)
 
     writer = BundleWriter(out, blocks, opts.overwrite, cleanup_note=lambda m: note(m, opts.progress))
     try:
-        result = _stream(model, writer, blocks, qconfig, opts, texts, windows, freq_ids, clock)
+        result = _stream(model, writer, blocks, qconfig, opts, texts, windows, freq_ids, clock, expected)
     except BaseException:
         writer.abort()
         raise
@@ -235,7 +236,7 @@ def _bundle_bytes(blocks: list[BlockSpec]) -> int:
     return placed[-1].offset + placed[-1].nbytes if placed else 0
 
 
-def _check_memory(model: ModelSource, opts: ExportOptions, bundle_bytes: int) -> None:
+def _check_memory(model: ModelSource, opts: ExportOptions, bundle_bytes: int) -> int:
     file_bytes = int(model.info.get("file_bytes") or model.weight_bytes)
     eval_bytes = max(file_bytes, bundle_bytes) if opts.report_tokens else 0
     peak = expected_peak(model, opts.calibration_tokens, opts.window_tokens, eval_bytes, opts.predictor_rank)
@@ -245,11 +246,12 @@ def _check_memory(model: ModelSource, opts: ExportOptions, bundle_bytes: int) ->
         raise UserError(f"{model.path}: this export needs about {peak.total / 2**30:.2f} GiB of memory at its peak "
                         f"and {where} leaves {avail / 2**30:.2f} GiB; free memory, lower --calibration-tokens, "
                         "or pass --no-memory-check to try anyway")
+    return peak.total
 
 
 def _stream(model: ModelSource, writer: BundleWriter, blocks: list[BlockSpec], qconfig: QuantConfig,
             opts: ExportOptions, texts: Texts, windows: list[list[int]], freq_ids: list[int],
-            clock: StageClock) -> ExportResult:
+            clock: StageClock, expected_peak_bytes: int) -> ExportResult:
     from edgeflash.base.heap import release_free_heap
     from edgeflash.export.layerwise import LayerRun, LayerwiseRunner, head_name, release_tensors
 
@@ -329,6 +331,7 @@ def _stream(model: ModelSource, writer: BundleWriter, blocks: list[BlockSpec], q
     report["tensors"] = [reports[name] for name in _tensor_order(blocks) if name in reports]
     report["timings_s"], report["total_s"] = clock.wall, clock.totals()
     report["peak_rss_bytes"] = rss_peak_bytes()
+    report["expected_peak_bytes"] = expected_peak_bytes
     manifest["report"] = report
     with clock.stage("write"):
         full = writer.finish(manifest, tok_json, tables)
@@ -509,8 +512,9 @@ def _evaluate(model: ModelSource, bundle_path: Path, texts: Texts, calibration: 
         exact = qconfig.scheme == "keep"
         entry = {"text": description, "tokens": sum(len(w) - 1 for w in windows), "windows": len(windows),
                  "window_tokens": opts.window_tokens, "engine": "native",
-                 "perplexity": {"source": round(ref.perplexity, 4), "exported": round(exp.perplexity, 4),
-                                "delta_pct": delta_pct(exp.perplexity, ref.perplexity), "identical_weights": exact}}
+                 "perplexity": {"source": _finite(ref.perplexity), "exported": _finite(exp.perplexity),
+                                "delta_pct": _finite(delta_pct(exp.perplexity, ref.perplexity)),
+                                "identical_weights": exact}}
         results.append(entry)
         if i == 0:
             report["eval"] = {k: entry[k] for k in ("text", "tokens", "windows", "window_tokens", "engine")}
@@ -522,6 +526,11 @@ def _evaluate(model: ModelSource, bundle_path: Path, texts: Texts, calibration: 
     if len(results) > 1:
         report["texts"] = results
     return report
+
+
+def _finite(value: float) -> float | None:
+    """A perplexity for the manifest: null when the engine's logits were not finite (JSON has no NaN)."""
+    return round(value, 4) if math.isfinite(value) else None
 
 
 def _baseline(model: ModelSource, bundle_path: Path, qconfig: QuantConfig, windows: list[list[int]], ref,

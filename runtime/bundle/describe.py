@@ -102,8 +102,9 @@ def render_report(report: dict[str, Any], tensors: bool = False) -> list[str]:
         lines.append(f"  perplexity on {ev['tokens']} tokens of {ev['text']} ({ev['windows']} windows of "
                      f"{ev['window_tokens']}{engine}):")
         p = report["perplexity"]
-        lines.append(f"    {'source model (reference)':<34} {p['source']:>10.3f}")
-        lines.append(f"    {'exported':<34} {p['exported']:>10.3f}  {p['delta_pct']:+.2f}%")
+        lines.append(f"    {'source model (reference)':<34} {_ppl(p['source'])}")
+        lines.append(f"    {'exported':<34} {_ppl(p['exported'])}  " +
+                     (f"{p['delta_pct']:+.2f}%" if p.get("delta_pct") is not None else ""))
         base = report.get("baseline")
         if base:
             lines.append(f"    {base['scheme'] + ' (round-to-nearest)':<34} {base['perplexity']:>10.3f}  "
@@ -164,6 +165,10 @@ def render_report(report: dict[str, Any], tensors: bool = False) -> list[str]:
     if report.get("peak_rss_bytes"):
         lines.append(f"  peak memory (RSS) of the export: {_mib(report['peak_rss_bytes'])}")
     return lines
+
+
+def _ppl(v: float | None) -> str:
+    return f"{v:>10.3f}" if v is not None else f"{'(not finite)':>10}"
 
 
 def _db(v: float | None) -> str:
