@@ -353,12 +353,13 @@ def export_time() -> list[str]:
         srs = pick(recs, run=stage_run)
         top = one(srs, config="q4_0, defaults", metric="wall_s")
         tload = one(srs, config="q4_0, defaults", metric="loadavg_1m")
+        peak = one(srs, config="q4_0, defaults", metric="peak_rss_gb")
         rows = []
         for cfg in unique(r["config"] for r in srs if "stage" in str(r.get("config"))):
             rows.append([cfg.split("stage ")[1], fmt(one(srs, config=cfg, metric="wall_s")["value"]),
                          fmt(one(srs, config=cfg, metric="cpu_s")["value"])])
         out += ["", f"Stages, from the latest run that recorded them ({stage_run}: wall {top['value']:g} s, load "
-                    f"{fmt_range(tload, 1, '')}):", ""]
+                    f"{fmt_range(tload, 1, '')}" + (f", peak RSS {peak['value']:g} GB" if peak else "") + "):", ""]
         out += md_table(["stage", "wall s", "CPU s"], rows)
     return out
 
