@@ -380,7 +380,7 @@ def backends() -> list[str]:
                 r = v.get(metric)
                 if r is None or r["value"] is None:
                     return "—"
-                return f"{r['value']:.{digits}f}" if digits is not None else f"{r['value']:g}"
+                return f"{r['value']:.{digits}f}" if digits is not None else str(r["value"])
 
             same = v.get("same_greedy_continuations")
             same_cell = f"{same['value']}/{same['notes'].split()[1]}" if same else "—"
