@@ -24,8 +24,8 @@ from pathlib import Path
 RESULTS_DIR = Path(__file__).resolve().parent
 
 # Field order in the files; every other key is refused so that records stay comparable.
-FIELDS = ("benchmark", "run", "date", "model", "budget", "budget_mb", "config", "metric", "value", "low", "high",
-          "unit", "rounds", "command", "notes")
+FIELDS = ("benchmark", "run", "date", "model", "budget", "budget_mb", "config", "metric", "value", "low",
+          "high", "unit", "rounds", "command", "notes")
 REQUIRED = ("run", "metric", "value")
 _KIND = re.compile(r"^[a-z0-9][a-z0-9-]*$")
 

@@ -123,9 +123,10 @@ def memory_compare() -> list[str]:
             ceiling_cell, share_cell = "reads no weights", "-"
         else:
             ceiling_cell, share_cell = fmt_range(ceiling), fmt(share and share["value"], 0, "%")
+        peak = one(rs, metric="peak_rss_mb", **q)
         rows.append([model, f"{budget} ({budget_mb:g} MB)" if budget_mb else budget, config,
                      fmt(one(rs, metric="decode_tok_s", **q)["value"]), fmt(mb and mb["value"]), vn, vh,
-                     ceiling_cell, share_cell, fmt((one(rs, metric="peak_rss_mb", **q) or {}).get("value"), 0)])
+                     ceiling_cell, share_cell, fmt(peak and peak["value"], 0)])
     out = md_table(["model", "budget", "config", "tok/s", "MB read/token", "vs naive", "vs hybrid",
                     "read ceiling vs hybrid", "share of ceiling", "peak RSS MB"], rows)
     out.append("")
@@ -172,8 +173,8 @@ PEER_NAMES = {"edgeflash": "edgeflash (q8x2)", "edgeflash-q8": "edgeflash (q8)",
 
 def peers_side_by_side() -> list[str]:
     recs = read_results("peers")
-    run = latest_run(recs, lambda rs: any(r["metric"] == "decode_tok_s" and str(r.get("config")).startswith("edgeflash")
-                                          for r in rs))
+    run = latest_run(recs, lambda rs: any(r["metric"] == "decode_tok_s"
+                                          and str(r.get("config")).startswith("edgeflash") for r in rs))
     if run is None:
         return ["(no side-by-side run recorded)"]
     rs = pick(recs, run=run)
@@ -188,7 +189,8 @@ def peers_side_by_side() -> list[str]:
             dec = one(rs, model=model, config=peer, metric="decode_tok_s")["value"]
             rss = one(rs, model=model, config=peer, metric="peak_rss_mb")
             ratio = "-" if peer == base else f"{b_pre / pre:.2f}x / {b_dec / dec:.2f}x"
-            rows.append([model, PEER_NAMES.get(peer, peer), fmt(pre), fmt(dec), fmt(rss and rss["value"], 0), ratio])
+            rows.append([model, PEER_NAMES.get(peer, peer), fmt(pre), fmt(dec), fmt(rss and rss["value"], 0),
+                         ratio])
     base_names = unique(PEER_NAMES.get(p, p) for p in (r["config"] for r in rs if r.get("config"))
                         if p.startswith("edgeflash"))
     out = md_table(["model", "peer", "prefill tok/s", "decode tok/s", "peak RSS MB",
@@ -201,15 +203,16 @@ def peers_side_by_side() -> list[str]:
 def peers_perplexity() -> list[str]:
     recs = [r for r in read_results("peers") if r["metric"] == "perplexity"]
     columns = ["transformers", "edgeflash", "edgeflash-q8", "llamacpp", "executorch", "edgeflash-q4-bundle"]
-    names = {"transformers": "transformers fp32", "edgeflash": "edgeflash q8x2", "edgeflash-q8": "edgeflash q8",
-             "llamacpp": "llama.cpp (GGUF as is)", "executorch": "ExecuTorch 8da4w", "edgeflash-q4-bundle":
-             "edgeflash q4_0 bundle (q8)"}
+    names = {"transformers": "transformers fp32", "edgeflash": "edgeflash q8x2",
+             "edgeflash-q8": "edgeflash q8", "llamacpp": "llama.cpp (GGUF as is)",
+             "executorch": "ExecuTorch 8da4w", "edgeflash-q4-bundle": "edgeflash q4_0 bundle (q8)"}
     columns = [c for c in columns if any(r["config"] == c for r in recs)]
     rows = [[m] + [fmt((one(recs, model=m, config=c) or {}).get("value"), 2) for c in columns]
             for m in unique(r["model"] for r in recs)]
     model_arg = re.compile(r"--model [\w.-]+")
     commands = unique("`" + model_arg.sub("--model M", r["command"]) + "`" for r in recs if r.get("command"))
-    return md_table(["model"] + [names[c] for c in columns], rows) + ["", "Commands: " + "; ".join(commands) + "."]
+    table = md_table(["model"] + [names[c] for c in columns], rows)
+    return table + ["", "Commands: " + "; ".join(commands) + "."]
 
 
 def decode_profile() -> list[str]:
@@ -223,9 +226,9 @@ def decode_profile() -> list[str]:
                      f"{v['generate_ms']:.2f} ({v['generate_tok_s']:g})", fmt(v["forward_ms"], 2),
                      fmt(v["gemv_ms"], 2), fmt(v["other_ops_ms"], 2), fmt(v["python_ms"], 2),
                      fmt(v["forward_share_of_roofline"], 0, "%"), fmt(v["loadavg_1m"])])
-    return md_table(["model", "weights MB", "roofline ms/token", "generate ms/token (tok/s)", "C++ forward ms",
-                     "GEMV only ms", "other ops ms", "Python ms", "forward at % of roofline", "load"], rows) + [
-        "", f"Run of {run_line(recs, run)}."]
+    header = ["model", "weights MB", "roofline ms/token", "generate ms/token (tok/s)", "C++ forward ms",
+              "GEMV only ms", "other ops ms", "Python ms", "forward at % of roofline", "load"]
+    return md_table(header, rows) + ["", f"Run of {run_line(recs, run)}."]
 
 
 # ---- docs/kernels.md --------------------------------------------------------------------------------
@@ -235,13 +238,15 @@ def kernels_gemv() -> list[str]:
     bench_runs = [run for run in runs_in_order(recs) if pick(recs, run=run, metric="read_bandwidth_gb_s")]
     rows, shapes_of_run = [], {}
     for shape in unique(r["model"] for r in recs if r.get("model")):
-        run = next((run for run in reversed(bench_runs) if pick(recs, run=run, model=shape, metric="gemv_gb_s")), None)
+        run = next((run for run in reversed(bench_runs)
+                    if pick(recs, run=run, model=shape, metric="gemv_gb_s")), None)
         if run is None:
             continue
         shapes_of_run.setdefault(run, []).append(shape.split(" ")[0])
         rs = pick(recs, run=run)
         for impl in unique(r["config"].rsplit(", ", 1)[0] for r in pick(rs, model=shape) if r.get("config")):
-            weight = one(recs, model=shape, config=impl, metric="weight_mb")  # a property of the shape and format
+            # the weight size is a property of the shape and format, not of the run
+            weight = one(recs, model=shape, config=impl, metric="weight_mb")
             na = one(rs, model=shape, config=impl, metric="gemv_gb_s")
             if na is not None and na["value"] is None:
                 rows.append([shape, impl, "n/a", na.get("notes", ""), ""])
@@ -259,14 +264,16 @@ def kernels_gemv() -> list[str]:
         rs = pick(recs, run=run)
         bw = [one(rs, config=c, metric="read_bandwidth_gb_s")["value"] for c in ("1 thread", "2 threads")]
         cond = one(rs, metric="conditions")
-        notes.append(f"- {', '.join(shapes)}: run of {run_line(recs, run)}; read bandwidth {bw[0]:g} / {bw[1]:g} GB/s "
-                     f"at 1 / 2 threads" + (f"; {cond['value']}." if cond else "."))
+        tail = f"; {cond['value']}." if cond else "."
+        notes.append(f"- {', '.join(shapes)}: run of {run_line(recs, run)}; read bandwidth "
+                     f"{bw[0]:g} / {bw[1]:g} GB/s at 1 / 2 threads{tail}")
     return out + [""] + notes
 
 
 def kernels_ops() -> list[str]:
     recs = read_results("kernels-ops")
-    run = latest_run(recs, lambda rs: any(r["metric"] == "us_per_call" and r["value"] is not None for r in rs))
+    run = latest_run(recs, lambda rs: any(r["metric"] == "us_per_call" and r["value"] is not None
+                                          for r in rs))
     rs = pick(recs, run=run)
     rows = []
     for op in unique(r["model"] for r in rs if r.get("model")):
@@ -289,7 +296,8 @@ def speculative() -> list[str]:
         return (budget != "none", -int(fraction.group(1)) if fraction else 0, budget)
 
     rows, commands = [], []
-    for command in sorted(unique(r["command"] for r in recs if r["metric"] == "speedup" and r.get("budget")), key=order):
+    measured = unique(r["command"] for r in recs if r["metric"] == "speedup" and r.get("budget"))
+    for command in sorted(measured, key=order):
         run = latest_run(recs, lambda rs: any(r["metric"] == "speedup" and r["command"] == command
                                               and "," in r["config"] for r in rs))
         if run is None:
@@ -298,7 +306,8 @@ def speculative() -> list[str]:
         budget = rs[0]["budget"]
         commands.append(f"- {budget}: `{command}` ({rs[0].get('date', '')})")
         for model in unique(r["model"] for r in rs):
-            for prompts in unique(r["config"].split(", ")[0] for r in pick(rs, model=model) if "," in r["config"]):
+            for prompts in unique(r["config"].split(", ")[0] for r in pick(rs, model=model)
+                                  if "," in r["config"]):
                 speed, acc = [], []
                 for drafter in ("lookup", "self", "auto"):
                     q = dict(model=model, config=f"{prompts}, {drafter}")
@@ -344,9 +353,10 @@ def export_time() -> list[str]:
     rs = pick(whole, run=run)
     wall, cpu, load = (one(rs, metric=m) for m in ("wall_s", "cpu_s", "loadavg_1m"))
     note = one(rs, metric="wall_s").get("notes", "")
+    name = f"{rs[0]['model']} {rs[0]['config']}" + (f", {note}" if note else "")
     out = md_table(["export", "wall s", "CPU s (both threads)", "load average (2 cores, shared)"],
-                   [[f"{rs[0]['model']} {rs[0]['config']}" + (f", {note}" if note else ""), fmt(wall["value"]),
-                     fmt(cpu and cpu["value"]), fmt_range(load, 2, "").replace(" (", "; ").rstrip(")")]])
+                   [[name, fmt(wall["value"]), fmt(cpu and cpu["value"]),
+                     fmt_range(load, 2, "").replace(" (", "; ").rstrip(")")]])
     out += ["", f"Run of {run_line(recs, run)}."]
     stage_run = latest_run(recs, lambda rs: any("stage" in str(r.get("config")) for r in rs))
     if stage_run:
@@ -358,8 +368,9 @@ def export_time() -> list[str]:
         for cfg in unique(r["config"] for r in srs if "stage" in str(r.get("config"))):
             rows.append([cfg.split("stage ")[1], fmt(one(srs, config=cfg, metric="wall_s")["value"]),
                          fmt(one(srs, config=cfg, metric="cpu_s")["value"])])
-        out += ["", f"Stages, from the latest run that recorded them ({stage_run}: wall {top['value']:g} s, load "
-                    f"{fmt_range(tload, 1, '')}" + (f", peak RSS {peak['value']:g} GB" if peak else "") + "):", ""]
+        peak_text = f", peak RSS {peak['value']:g} GB" if peak else ""
+        out += ["", f"Stages, from the latest run that recorded them ({stage_run}: wall {top['value']:g} s, "
+                    f"load {fmt_range(tload, 1, '')}{peak_text}):", ""]
         out += md_table(["stage", "wall s", "CPU s"], rows)
     return out
 
@@ -368,8 +379,8 @@ def export_time() -> list[str]:
 
 def backends() -> list[str]:
     recs = read_results("backends")
-    run = latest_run(recs, lambda rs: any(r["metric"] == "size_mib" and r.get("config") in ("onnx", "executorch")
-                                          for r in rs))
+    run = latest_run(recs, lambda rs: any(r["metric"] == "size_mib"
+                                          and r.get("config") in ("onnx", "executorch") for r in rs))
     rs = pick(recs, run=run)
     rows = []
     for model in unique(r["model"] for r in rs if r.get("model")):
@@ -385,9 +396,9 @@ def backends() -> list[str]:
             same = v.get("same_greedy_continuations")
             same_cell = f"{same['value']}/{same['notes'].split()[1]}" if same else "—"
             rows.append([model, target, cell("chunks"), cell("size_mib", 1), cell("export_s", 2),
-                         cell("logit_max_abs_err"), cell("prefill_logit_max_abs_err"), cell("top1_agreement_min"),
-                         same_cell, cell("mean_common_prefix_tokens"), cell("prefill_tok_s", 1),
-                         cell("decode_tok_s", 1)])
+                         cell("logit_max_abs_err"), cell("prefill_logit_max_abs_err"),
+                         cell("top1_agreement_min"), same_cell, cell("mean_common_prefix_tokens"),
+                         cell("prefill_tok_s", 1), cell("decode_tok_s", 1)])
     cond = one(rs, metric="conditions")
     return md_table(["model", "target", "chunks", "size MiB", "export s", "logit max abs err", "prefill err",
                      "top-1 agree (min)", "same 32-token greedy", "mean common prefix", "prefill tok/s",
@@ -397,7 +408,8 @@ def backends() -> list[str]:
 
 TABLES = {
     "memory-budget": {"compare": memory_compare, "agreement": memory_agreement},
-    "benchmarks": {"peers": peers_side_by_side, "perplexity": peers_perplexity, "decode-profile": decode_profile},
+    "benchmarks": {"peers": peers_side_by_side, "perplexity": peers_perplexity,
+                   "decode-profile": decode_profile},
     "kernels": {"gemv": kernels_gemv, "ops": kernels_ops},
     "speculative": {"speedup": speculative},
     "export": {"matrix": export_matrix, "time": export_time},
@@ -439,7 +451,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("doc", nargs="?", choices=sorted(TABLES), help="doc name (docs/<doc>.md)")
     p.add_argument("--table", help="one table of the doc (default: all)")
     p.add_argument("--list", action="store_true", help="list docs and their tables")
-    p.add_argument("--check", action="store_true", help="exit 1 if a doc's marked table differs from this output")
+    p.add_argument("--check", action="store_true",
+                   help="exit 1 if a doc's marked table differs from this output")
     p.add_argument("--write", action="store_true", help="rewrite the marked tables in docs/*.md")
     args = p.parse_args(argv)
     if args.list:
