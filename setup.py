@@ -15,6 +15,7 @@ ROOT = Path(__file__).parent.resolve()
 # import prefix -> folder; every folder below them with an __init__.py is a sub-package.
 PACKAGE_ROOTS = {
     "edgeflash": "sdk",
+    "edgeflash.base": "base",
     "edgeflash.export": "export",
     "edgeflash.runtime": "runtime",
     "edgeflash.memory": "memory",

@@ -19,7 +19,6 @@ from typing import Any
 
 import numpy as np
 import torch
-
 from edgeflash.export.forward import final_hidden, head_tensor
 from edgeflash.export.ops import RecordingOps, activation
 from edgeflash.export.progress import bar

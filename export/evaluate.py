@@ -10,7 +10,6 @@ import math
 from dataclasses import dataclass
 
 import numpy as np
-
 from edgeflash.export.forward import token_nll
 from edgeflash.export.ops import FastOps, SparseFFNOps
 from edgeflash.export.progress import bar

@@ -12,7 +12,6 @@ from typing import Any
 
 import numpy as np
 import torch
-
 from edgeflash.runtime.families import family
 from edgeflash.runtime.families.common import LayerWeights
 from edgeflash.runtime.rope import inv_frequencies

@@ -13,7 +13,6 @@ import re
 
 import numpy as np
 import torch
-
 from edgeflash.export.quant.methods import dequantize_matrix
 from edgeflash.export.threads import LARGE_PRODUCT_MACS, blas_threads
 from edgeflash.runtime.reference.ops import NumpyOps

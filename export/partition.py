@@ -11,7 +11,6 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import numpy as np
-
 from edgeflash.export.calibrate import Predictor
 from edgeflash.export.quant.methods import quantize_matrix
 from edgeflash.export.quantize import QuantizedTensor, source_values

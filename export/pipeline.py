@@ -15,14 +15,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from edgeflash.errors import UserError
+from edgeflash.base.errors import UserError
 from edgeflash.export.calibrate import Calibration, calibrate
 from edgeflash.export.evaluate import delta_pct, perplexity, sparse_perplexities
 from edgeflash.export.ops import FastOps
 from edgeflash.export.partition import build_arena, plan_blocks
 from edgeflash.export.progress import bar, note
 from edgeflash.export.quant.config import QuantConfig
-from edgeflash.export.quant.schemes import get_scheme
+from edgeflash.export.quant.schemes import resolve_config
 from edgeflash.export.quantize import QuantizedTensor, quantize_model, quantized_source
 from edgeflash.export.text import token_windows
 from edgeflash.export.threads import export_threads
@@ -81,11 +81,6 @@ class ExportResult:
     @property
     def report(self) -> dict[str, Any]:
         return self.manifest["report"]
-
-
-def resolve_config(quant: str | QuantConfig, group_size: int | None) -> QuantConfig:
-    config = quant if isinstance(quant, QuantConfig) else get_scheme(quant)
-    return config.with_group_size(group_size)
 
 
 def export(source: Any, out_dir: str | Path, quant: str | QuantConfig = "q4_0", target: str = "bundle", *,
@@ -291,7 +286,7 @@ def _describe_source(model: ModelSource) -> dict[str, Any]:
 
 
 def _version() -> str:
-    from edgeflash import __version__
+    from edgeflash.base import __version__
 
     return __version__
 

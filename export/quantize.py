@@ -7,7 +7,6 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-
 from edgeflash.export.progress import bar
 from edgeflash.export.quant.config import QuantConfig, TensorPlan
 from edgeflash.export.quant.methods import dequantize_matrix, prepare_importance, quantize_matrix

@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from edgeflash.errors import UserError
+from edgeflash.base.errors import UserError
 
 MIN_WINDOW_TOKENS = 16
 _CHARS_PER_TOKEN = 8  # generous: English prose runs 3-5 characters per token

@@ -21,8 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-
-from edgeflash.errors import UserError
+from edgeflash.base.errors import UserError
 from edgeflash.export.partition import BlockPlan
 from edgeflash.runtime.bundle.layout import (
     BLOCK_ALIGNMENT,

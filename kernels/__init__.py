@@ -9,13 +9,29 @@ from ._native import __version__
 from .attention import attention, kv_write, new_kv_cache
 from .elementwise import argmax, gated_act, rms_norm, rope, softmax, topk
 from .ffn import ffn_sparse, pack_bundles
-from .formats import FORMATS, KV_FORMATS, QUANTIZABLE, bundle_bytes, format_info, kv_row_bytes, row_bytes
+from .formats import (
+                      FORMATS,
+                      KERNEL_FORMATS,
+                      KV_FORMATS,
+                      QUANTIZABLE,
+                      bundle_bytes,
+                      format_info,
+                      kv_row_bytes,
+                      row_bytes,
+)
 from .linear import dequantize, matmul, matmul_rows, quantize
-from .runtime import (available_isas, cpu_features, current_isa, get_num_threads, implementations, set_num_threads,
-                      use_isa)
+from .runtime import (
+                      available_isas,
+                      cpu_features,
+                      current_isa,
+                      get_num_threads,
+                      implementations,
+                      set_num_threads,
+                      use_isa,
+)
 
 __all__ = [
-    "__version__", "FORMATS", "KV_FORMATS", "QUANTIZABLE",
+    "__version__", "FORMATS", "KERNEL_FORMATS", "KV_FORMATS", "QUANTIZABLE",
     "row_bytes", "bundle_bytes", "kv_row_bytes", "format_info",
     "matmul", "matmul_rows", "dequantize", "quantize",
     "ffn_sparse", "pack_bundles",

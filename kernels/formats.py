@@ -1,7 +1,10 @@
-"""Weight formats: names and row sizes (the byte layouts are in docs/weight-formats.md).
+"""Weight formats: names, GGML type ids and block geometry, read from the C++ table
+(kernels/src/formats.cpp) so that each fact is written once. The byte layouts are in
+docs/weight-formats.md.
 
 A weight matrix [rows, cols] is stored row-major as a uint8 array [rows, row_bytes(fmt, cols)]
-(y = W @ x, like torch Linear). The GGML formats are bit-exact with GGUF tensors.
+(y = W @ x, like torch Linear), each row a sequence of blocks of its format along the columns.
+GGML layouts are bit-exact with GGUF files; `q4_lut` is edgeflash's own non-uniform 4-bit format.
 """
 
 from __future__ import annotations
@@ -9,44 +12,60 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
+from edgeflash.base.errors import UnsupportedModelError
+
+from . import _native
 
 
 @dataclass(frozen=True)
 class FormatInfo:
     name: str
-    block_elems: int   # elements per block along a row
-    block_bytes: int   # bytes per block
-    row_header: int    # bytes before the first block of a row (q4_lut's level table)
-    quantized: bool
+    ggml_type: int | None  # GGML type id, None for formats GGUF does not have
+    block_elems: int  # elements per block along a row
+    block_bytes: int  # bytes per block
+    row_header: int  # bytes before the first block of each row (q4_lut's level table)
+    quantized: bool  # integer codes (run on Q8 activations) rather than floats
+    runs: bool  # the kernels run it; other formats are converted when a model loads
+    quantizable: bool  # quantize() can write it (K-quants come from GGUF files as they are)
+
+    def row_bytes(self, cols: int) -> int:
+        if cols % self.block_elems:
+            raise ValueError(f"format {self.name} needs rows that are a multiple of {self.block_elems} "
+                             f"columns, got {cols}")
+        return self.row_header + cols // self.block_elems * self.block_bytes
+
+    @property
+    def bits_per_weight(self) -> float:
+        return 8 * self.block_bytes / self.block_elems
 
 
 FORMATS: dict[str, FormatInfo] = {
-    f.name: f
-    for f in (
-        FormatInfo("f32", 1, 4, 0, False),
-        FormatInfo("f16", 1, 2, 0, False),
-        FormatInfo("q8_0", 32, 34, 0, True),
-        FormatInfo("q4_0", 32, 18, 0, True),
-        FormatInfo("q4_1", 32, 20, 0, True),
-        FormatInfo("q5_0", 32, 22, 0, True),
-        FormatInfo("q4_k", 256, 144, 0, True),
-        FormatInfo("q6_k", 256, 210, 0, True),
-        FormatInfo("q4_lut", 32, 16, 32, True),
-    )
+    d["name"]: FormatInfo(d["name"], None if d["ggml_type"] < 0 else d["ggml_type"], d["block_elems"],
+                          d["block_bytes"], d["row_header"], d["quantized"], d["runs"], d["quantizable"])
+    for d in _native.format_table()
 }
-
-# Formats whose weights quantize() can produce (K-quants come from GGUF files as they are).
-QUANTIZABLE = ("f32", "f16", "q8_0", "q4_0", "q4_1", "q5_0", "q4_lut")
+FORMAT_BY_GGML_TYPE: dict[int, FormatInfo] = {f.ggml_type: f for f in FORMATS.values() if f.ggml_type is not None}
+KERNEL_FORMATS = tuple(name for name, f in FORMATS.items() if f.runs)
+QUANTIZABLE = tuple(name for name, f in FORMATS.items() if f.quantizable)
 KV_FORMATS = ("f16", "q8_0")
 
 
 def format_info(fmt: object) -> FormatInfo:
+    """A kernel argument's format (TypeError / ValueError for a bad one)."""
     if not isinstance(fmt, str):
         raise TypeError(f"fmt must be a format name (str), got {type(fmt).__name__}")
     try:
         return FORMATS[fmt]
     except KeyError:
         raise ValueError(f"unknown weight format {fmt!r}, expected one of {', '.join(FORMATS)}") from None
+
+
+def get_format(name: str) -> FormatInfo:
+    """A model file's format (a user error when edgeflash does not know it)."""
+    try:
+        return FORMATS[name]
+    except KeyError:
+        raise UnsupportedModelError(f"unknown weight format {name!r}; known: {', '.join(FORMATS)}") from None
 
 
 def check_cols(fmt: str, cols: object, what: str = "cols") -> int:
@@ -60,9 +79,7 @@ def check_cols(fmt: str, cols: object, what: str = "cols") -> int:
 
 def row_bytes(fmt: str, cols: int) -> int:
     """Bytes of one row of `cols` elements in `fmt`."""
-    info = format_info(fmt)
-    cols = check_cols(fmt, cols)
-    return info.row_header + cols // info.block_elems * info.block_bytes
+    return format_info(fmt).row_bytes(check_cols(fmt, cols))
 
 
 def bundle_bytes(d_model: int, gate_fmt: str, up_fmt: str, down_fmt: str) -> int:

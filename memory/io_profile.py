@@ -5,12 +5,18 @@ from __future__ import annotations
 
 import json
 import os
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from edgeflash.kernels import _native
+from edgeflash.memory.direct_io import aligned_empty, open_direct
+from edgeflash.memory.layout import ALIGN
+
 CHUNKS = (64 << 10, 256 << 10, 1 << 20, 4 << 20)
 QUEUE_DEPTHS = (1, 2, 4, 8)
-DEFAULT = (4, 1 << 20)  # (I/O threads, chunk bytes) when nothing was measured
+PROBE_BUFFER = 64 << 20  # the largest single read of a probe
+DEFAULT_THREADS, DEFAULT_CHUNK = 4, 1 << 20  # reads in flight and read size when nothing was measured
 
 
 def profile_path() -> Path:
@@ -27,19 +33,26 @@ class Measurement:
 
 def probe(path: Path, total_bytes: int = 128 << 20, chunks=CHUNKS, depths=QUEUE_DEPTHS) -> tuple[list[Measurement], bool]:
     """Throughput of direct reads of `path` for every (chunk, depth); returns (rows, direct_io)."""
-    from edgeflash.kernels import _native
-    from edgeflash.memory.budgeted import open_direct
-
     fd, direct = open_direct(path)
     os.close(fd)
     size = path.stat().st_size
-    total = max(4096, min(total_bytes, size) // 4096 * 4096)
+    total = max(ALIGN, min(total_bytes, size) // ALIGN * ALIGN)
     rows = []
     for chunk in chunks:
         for threads in depths:
-            seconds = _native.probe_read(str(path), direct, threads, chunk, 0, total)
-            rows.append(Measurement(chunk, threads, total / seconds / 1e6))
+            rows.append(Measurement(chunk, threads, total / read_seconds(path, direct, threads, chunk, total) / 1e6))
     return rows, direct
+
+
+def read_seconds(path: Path, direct: bool, threads: int, chunk_bytes: int, total: int) -> float:
+    """Seconds to read the first `total` bytes of `path` in `chunk_bytes` pieces on `threads` I/O
+    threads, the way the streaming engine reads (every piece of a request in flight at once)."""
+    reader = _native.DirectReader(str(path), direct, threads, chunk_bytes)
+    buffer = aligned_empty(min(total, PROBE_BUFFER))
+    start = time.perf_counter()
+    for done in range(0, total, len(buffer)):
+        reader.read(done, buffer[:min(len(buffer), total - done)])
+    return time.perf_counter() - start
 
 
 def save(path: Path, rows: list[Measurement]) -> Path:
@@ -63,4 +76,4 @@ def best_settings(weights_file: Path) -> tuple[int, int, bool]:
         best = data[str(os.stat(weights_file).st_dev)]["best"]
         return int(best["threads"]), int(best["chunk_bytes"]), True
     except (OSError, ValueError, KeyError):
-        return DEFAULT[0], DEFAULT[1], False
+        return DEFAULT_THREADS, DEFAULT_CHUNK, False

@@ -1,6 +1,9 @@
 """Where each weight lives in its file, grouped into the units a budgeted run keeps resident or
-streams: per layer an attention group and an FFN group, the embedding table, the head, and the
-small global tensors. Ranges are widened to 4 KiB boundaries for direct I/O."""
+streams: per layer an attention group, an FFN group and (sparse mode) a predictor group, the
+embedding table, the head, and the small global tensors. Ranges are widened to the direct-I/O
+alignment. The same rule names the blocks of a bundle (edgeflash.runtime.bundle.layout), so a
+bundle's blocks are exactly these groups.
+"""
 
 from __future__ import annotations
 
@@ -8,14 +11,13 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from edgeflash.errors import UserError
-from edgeflash.runtime.source import ModelSource
-from edgeflash.runtime.tensors import Tensor
+from edgeflash.base.errors import UserError
+from edgeflash.kernels import _native
 
-ALIGN = 4096
-_LAYER = re.compile(r"^blk\.(\d+)\.(.+)$")
-_ATTENTION = ("attn_norm.", "attn_q", "attn_k", "attn_v", "attn_output.", "post_attention_norm.")
-_FFN = ("ffn_norm.", "ffn_gate.", "ffn_up.", "ffn_down.", "post_ffw_norm.")
+ALIGN = _native.IO_ALIGNMENT  # direct-I/O granularity: every streamed range starts and ends on it
+_LAYER_TENSOR = re.compile(r"^blk\.(\d+)\.(.+)$")
+_LAYER_GROUP = re.compile(r"^layer\.(\d+)(\..+)?$")
+PREDICTOR_TENSORS = ("predictor_a.weight", "predictor_b.weight")
 
 
 def align_down(n: int) -> int:
@@ -26,6 +28,36 @@ def align_up(n: int) -> int:
     return -(-n // ALIGN) * ALIGN
 
 
+def group_name(kind: str, layer: int | None = None) -> str:
+    return f"layer.{layer}.{kind}" if layer is not None else kind
+
+
+def group_of_tensor(name: str) -> str:
+    """The group a canonical tensor name belongs to.
+
+    Per-layer tensors whose name mentions the FFN (`ffn_*`, Gemma's `post_ffw_norm`) go to the
+    layer's ffn group; the low-rank neuron predictors to its predictor group; every other
+    per-layer tensor (norms, q/k/v/o, q/k norms, biases) to its attention group."""
+    if name == "token_embd.weight":
+        return "embedding"
+    if name == "output.weight":
+        return "head"
+    m = _LAYER_TENSOR.match(name)
+    if not m:
+        return "globals"
+    layer, rest = int(m.group(1)), m.group(2)
+    if rest in PREDICTOR_TENSORS:
+        return group_name("predictor", layer)
+    if rest.startswith(("ffn_", "post_ffw")):
+        return group_name("ffn", layer)
+    return group_name("attention", layer)
+
+
+def layer_of_group(name: str) -> int | None:
+    m = _LAYER_GROUP.match(name)
+    return int(m.group(1)) if m else None
+
+
 @dataclass(frozen=True)
 class Location:
     offset: int  # absolute byte offset in the weights file
@@ -34,10 +66,10 @@ class Location:
 
 @dataclass
 class WeightGroup:
-    name: str  # "layer.3.attention", "layer.3.ffn", "embedding", "head", "globals"
+    name: str  # "layer.3.attention", "layer.3.ffn", "layer.3" (both), "embedding", "head", "globals"
     layer: int | None
     tensors: list[str]
-    start: int  # 4 KiB-aligned byte range covering the group's tensors in the file
+    start: int  # aligned byte range covering the group's tensors in the file
     end: int
     pinned: list[str] = field(default_factory=list)  # tensors that must stay resident (bytes differ from the file)
 
@@ -51,66 +83,35 @@ class WeightLayout:
     path: Path  # the file every location refers to
     locations: dict[str, Location]
     groups: dict[str, WeightGroup]
+    n_layers: int
+    head_rows: int  # rows of the output head (the vocabulary)
 
     def layer_groups(self, layer: int) -> list[WeightGroup]:
         names = (f"layer.{layer}.attention", f"layer.{layer}.ffn", f"layer.{layer}.predictor", f"layer.{layer}")
         return [self.groups[n] for n in names if n in self.groups]
 
 
-def _locations(source: ModelSource) -> tuple[Path, dict[str, Location]]:
-    if source.kind == "gguf":
-        gguf = source.info["gguf"]
-        return gguf.path, {n: Location(i.offset, i.nbytes) for n, i in gguf.tensors.items()}
-    if source.kind == "bundle":
-        bundle = source.info["bundle"]
-        return bundle.weights_path, {n: Location(bundle.blocks[e.block].offset + e.offset, e.nbytes)
-                                     for n, e in bundle.tensors.items()}
-    raise UserError(f"{source.path}: a memory budget needs a GGUF file or an edgeflash bundle "
-                    f"(export this {source.kind} model with `edgeflash export`)")
-
-
-def _group_of(name: str) -> tuple[str, int | None]:
-    m = _LAYER.match(name)
-    if m:
-        layer, rest = int(m.group(1)), m.group(2)
-        if rest.startswith(_ATTENTION):
-            return f"layer.{layer}.attention", layer
-        if rest.startswith(_FFN):
-            return f"layer.{layer}.ffn", layer
-        if rest.startswith("predictor_"):
-            return f"layer.{layer}.predictor", layer
-        return "globals", None
-    if name == "token_embd.weight":
-        return "embedding", None
-    if name == "output.weight":
-        return "head", None
-    return "globals", None
-
-
-def weight_layout(source: ModelSource) -> WeightLayout:
-    path, locations = _locations(source)
+def build_layout(path: Path, locations: dict[str, Location], *, n_layers: int, head_rows: int,
+                 pinned: frozenset[str] = frozenset()) -> WeightLayout:
+    """Group the tensors at `locations` (every tensor of the model, in `path`). `pinned`: tensors
+    whose bytes in memory differ from the file (rewritten at load), which never stream."""
     members: dict[str, list[str]] = {}
-    layers: dict[str, int | None] = {}
-    for name in source.tensors:
-        group, layer = _group_of(name)
-        members.setdefault(group, []).append(name)
-        layers[group] = layer
+    for name in locations:
+        members.setdefault(group_of_tensor(name), []).append(name)
     # A GGUF file may interleave a layer's attention and FFN tensors: then the layer is one group.
-    for layer in sorted({v for v in layers.values() if v is not None}):
-        split = [f"layer.{layer}.attention", f"layer.{layer}.ffn"]
+    for layer in sorted({layer_of_group(g) for g in members} - {None}):
+        split = [group_name("attention", layer), group_name("ffn", layer)]
         if any(g in members and not _dense(members[g], locations) for g in split):
             members[f"layer.{layer}"] = [n for g in split for n in members.pop(g, [])]
-            layers[f"layer.{layer}"] = layer
-    rewritten = set(source.info.get("rewritten_tensors", []))
     groups = {}
     for group, names in members.items():
         if group != "globals" and not _dense(names, locations):
             raise UserError(f"{path}: the tensors of {group} are scattered through the file; export a bundle "
                             "with `edgeflash export` to run it under a budget")
         start, end = _span(names, locations)
-        groups[group] = WeightGroup(group, layers[group], sorted(names), start, end,
-                                    pinned=sorted(n for n in names if n in rewritten))
-    return WeightLayout(path, locations, groups)
+        groups[group] = WeightGroup(group, layer_of_group(group), sorted(names), start, end,
+                                    pinned=sorted(n for n in names if n in pinned))
+    return WeightLayout(path, locations, groups, n_layers, head_rows)
 
 
 def _span(names: list[str], locations: dict[str, Location]) -> tuple[int, int]:
@@ -124,7 +125,12 @@ def _dense(names: list[str], locations: dict[str, Location]) -> bool:
     return end - start <= 1.5 * sum(locations[n].nbytes for n in names) + 2 * ALIGN
 
 
-def tensor_view_of(tensor: Tensor, buffer, offset: int) -> Tensor:
-    """The same tensor, its bytes taken from `buffer[offset:]` (a resident copy read from flash)."""
-    raw = buffer[offset:offset + tensor.nbytes].reshape(tensor.raw.shape)
-    return Tensor(tensor.name, tensor.fmt, tensor.shape, raw)
+def group_units(layout: WeightLayout, groups: list[WeightGroup]) -> list[tuple[int, int]]:
+    """Byte ranges of the groups, merged when adjacent (one read instead of two)."""
+    ranges: list[tuple[int, int]] = []
+    for g in sorted(groups, key=lambda g: g.start):
+        if ranges and ranges[-1][0] + ranges[-1][1] == g.start:
+            ranges[-1] = (ranges[-1][0], ranges[-1][1] + g.nbytes)
+        else:
+            ranges.append((g.start, g.nbytes))
+    return ranges

@@ -19,12 +19,11 @@ from __future__ import annotations
 import os
 from dataclasses import asdict, dataclass, field
 
-from edgeflash.errors import UserError
+from edgeflash.base.errors import UserError
+from edgeflash.base.sizes import format_size
 from edgeflash.memory.huge_pages import fills_huge_pages, staging_arena_bytes, whole_huge_pages
+from edgeflash.memory.io_profile import DEFAULT_CHUNK, DEFAULT_THREADS
 from edgeflash.memory.layout import ALIGN, WeightGroup, WeightLayout, align_up
-from edgeflash.memory.sizes import format_size
-from edgeflash.runtime.native_engine import HEAD_CHUNK
-from edgeflash.runtime.spec import ModelSpec
 
 STRATEGIES = ("naive", "hybrid", "flash")
 
@@ -35,28 +34,6 @@ RUNTIME_RESERVE = 8 * 2**20
 MIN_HEAD_CHUNK = 1 * 2**20
 MIN_READ = 64 * 2**10  # smaller direct reads cost more per byte than parallelism gains
 MAX_PREFETCH_SLOTS = 16  # deeper is no use here: a token computes in 6-12 ms, ~10 MB of reads at 1 GB/s
-
-
-def kv_cache_bytes(spec: ModelSpec, context: int, max_batch: int = 64, kv_format: str = "f16") -> int:
-    """Bytes the native engine's KV cache takes (runtime/native/engine.cpp sizes it the same way):
-    per layer keys and values for `capacity` slots, plus the slot positions."""
-    row = spec.head_dim * 2 if kv_format == "f16" else spec.head_dim // 32 * 34
-    total = 0
-    for layer in range(spec.n_layers):
-        window = spec.window(layer)
-        capacity = min(context, window + max_batch) if window else context
-        total += 2 * spec.n_kv_heads * capacity * row + 4 * capacity
-    return total
-
-
-def default_context(spec: ModelSpec, budget: int, share: float = 0.25, cap: int = 4096, floor: int = 256,
-                    kv_format: str = "f16") -> int:
-    """The longest context (a power of two, at most `cap` and the model's) whose KV cache takes at
-    most `share` of the budget; `floor` if none does (the planner then says what is missing)."""
-    context = min(cap, spec.context_length)
-    while context > floor and kv_cache_bytes(spec, context, kv_format=kv_format) > share * budget:
-        context //= 2
-    return max(min(floor, spec.context_length), context)
 
 
 class BudgetError(UserError):
@@ -117,15 +94,17 @@ class MemoryPlan:
         return "\n".join(lines)
 
 
-def make_plan(layout: WeightLayout, spec: ModelSpec, budget: int, strategy: str, fixed: dict[str, int],
-              io_threads: int = 4, chunk_bytes: int = 512 * 1024, skip: frozenset[str] = frozenset(),
-              full_head: bool = True, head_chunk_limit: int = HEAD_CHUNK) -> MemoryPlan:
-    """`skip`: groups the run never reads per token (the dense FFN in sparse mode); `full_head`
-    False: an approximate head replaces the full one (its rows are a fixed cost);
-    `head_chunk_limit`: the engine's rows per logits pass, the most a streamed head chunk may hold."""
+def make_plan(layout: WeightLayout, budget: int, strategy: str, fixed: dict[str, int], *, head_chunk_limit: int,
+              io_threads: int = DEFAULT_THREADS, chunk_bytes: int = DEFAULT_CHUNK, skip: frozenset[str] = frozenset(),
+              full_head: bool = True) -> MemoryPlan:
+    """`fixed`: what the run needs besides weights (KV cache, activations, logits, tokenizer...);
+    `head_chunk_limit`: the engine's rows per logits pass, the most a streamed head chunk may hold;
+    `io_threads`, `chunk_bytes`: the device's best read depth and size (`edgeflash probe-io`);
+    `skip`: groups the run never reads per token (the dense FFN in sparse mode); `full_head`
+    False: an approximate head replaces the full one (its rows are a fixed cost)."""
     if strategy not in STRATEGIES:
         raise UserError(f"strategy = {strategy!r}: expected one of {', '.join(STRATEGIES)}")
-    args = (layout, spec, budget, strategy, fixed, io_threads, chunk_bytes, skip, full_head, head_chunk_limit)
+    args = (layout, budget, strategy, fixed, io_threads, chunk_bytes, skip, full_head, head_chunk_limit)
     if strategy != "flash":
         return _round_staging_to_huge_pages(_plan(*args, slots=1))
     # Prefetch needs at least two staging slots; a third lets reads run two units ahead, but under
@@ -145,9 +124,8 @@ def make_plan(layout: WeightLayout, spec: ModelSpec, budget: int, strategy: str,
 
 def _deepen_prefetch(plan: MemoryPlan) -> MemoryPlan:
     """Budget no weight group fits in becomes extra staging slots: reads then run further ahead
-    of compute. Gemma 3 at half its bundle keeps every layer and streams the head, and has 10 MiB
-    left: 8 slots of 1 MiB instead of 3 took decode from 13.5 to 15.2 tok/s (hybrid 9.4; one
-    process, 6 rounds interleaved). Residency is decided first, so this never streams more."""
+    of compute (a model that keeps every layer and streams only its head in small units gains the
+    most). Residency is decided first, so this never streams more."""
     if not plan.io.prefetch or not plan.staging_bytes:
         return plan
     room = plan.budget - plan.fixed_bytes - plan.resident_bytes
@@ -175,7 +153,7 @@ def _shape_reads(plan: MemoryPlan, threads: int, chunk_bytes: int) -> MemoryPlan
     return plan
 
 
-def _plan(layout: WeightLayout, spec: ModelSpec, budget: int, strategy: str, fixed: dict[str, int],
+def _plan(layout: WeightLayout, budget: int, strategy: str, fixed: dict[str, int],
           io_threads: int, chunk_bytes: int, skip: frozenset[str], full_head: bool, head_chunk_limit: int,
           slots: int) -> MemoryPlan:
     fixed = dict(fixed)
@@ -190,7 +168,7 @@ def _plan(layout: WeightLayout, spec: ModelSpec, budget: int, strategy: str, fix
         head_name = None
 
     # Candidates in execution order: every layer's groups, then the head.
-    order = [g.name for i in range(spec.n_layers) for g in layout.layer_groups(i) if g.name not in skip]
+    order = [g.name for i in range(layout.n_layers) for g in layout.layer_groups(i) if g.name not in skip]
     if head_name:
         order.append(head_name)
     if head_name != "embedding" and "embedding" in groups:
@@ -203,7 +181,7 @@ def _plan(layout: WeightLayout, spec: ModelSpec, budget: int, strategy: str, fix
 
     def staging(resident: set[str]) -> tuple[int, int]:
         """The slots' bytes, and one slot: the largest unit (a streamed head chunk spans as much)."""
-        unit = max([layer_unit(i, resident) for i in range(spec.n_layers)] + [0])
+        unit = max([layer_unit(i, resident) for i in range(layout.n_layers)] + [0])
         if head_name is not None and head_name not in resident:
             unit = max(unit, MIN_HEAD_CHUNK)
         return unit * io.slots, unit
@@ -222,7 +200,11 @@ def _plan(layout: WeightLayout, spec: ModelSpec, budget: int, strategy: str, fix
 
     resident: set[str] = set()
     if strategy != "naive":
-        candidates = order if strategy == "hybrid" else sorted(order, key=lambda n: (groups[n].nbytes, order.index(n)))
+        # Small groups first (they stream worst per byte); a separate embedding table last of all,
+        # as streaming it costs one page per token, not its size.
+        rows_only = "embedding" if head_name != "embedding" else None
+        candidates = order if strategy == "hybrid" else \
+            sorted(order, key=lambda n: (n == rows_only, groups[n].nbytes, order.index(n)))
         for name in candidates:
             if cost(resident | {name}) <= budget:
                 resident = resident | {name}
@@ -235,10 +217,10 @@ def _plan(layout: WeightLayout, spec: ModelSpec, budget: int, strategy: str, fix
     staging_bytes, unit_bytes = staging(resident)  # make_plan rounds it up where the budget has room
     head_chunk_rows = 0
     if head_name and head_name not in resident:
-        row_bytes = layout.locations[groups[head_name].tensors[0]].nbytes // spec.vocab_size
+        row_bytes = layout.locations[groups[head_name].tensors[0]].nbytes // layout.head_rows
         # at most the engine's logits pass (EngineOptions::head_chunk), whose buffers are sized for it
         # a chunk's rows start and end mid-page: their aligned span is up to two pages more
-        head_chunk_rows = max(1, min(spec.vocab_size, head_chunk_limit, (unit_bytes - 2 * ALIGN) // row_bytes))
+        head_chunk_rows = max(1, min(layout.head_rows, head_chunk_limit, (unit_bytes - 2 * ALIGN) // row_bytes))
     streamed = [n for n in order if n not in resident]
     # An embedding table serves one row per token; as the tied head it is read whole every pass.
     per_pass = sum(groups[n].nbytes for n in streamed if n != "embedding" or n == head_name)
@@ -258,9 +240,7 @@ def _spread_streamed(resident: set[str], order: list[str], groups: dict[str, Wei
     With prefetch, reads stop whenever every staging slot holds a unit compute has not reached.
     Streaming the last layers (the greedy's choice) leaves the first ones, all resident, computing
     with nothing to read: the slots already hold the first streamed units, loaded while the
-    previous token's head ran. SmolLM2 at half its bundle, exact mode: 27.5 tok/s spread against
-    25.8 bunched, 1.48x against 1.42x hybrid (medians of 20 rounds, separate processes in shuffled
-    order)."""
+    previous token's head ran. Spread out, every resident stretch overlaps a read."""
     spread = set(resident)
     for members in _like_groups(order, groups):
         n, k = len(members), sum(1 for m in members if m not in resident)
@@ -301,31 +281,15 @@ def split_reads(chunk_bytes: int, unit_bytes: int, threads: int, cores: int | No
     number of equal reads per thread, so that all of them are busy to the end, and there are no
     more I/O threads than cores. Reads stay near the device's best size: one per thread, or as
     many per thread as the unit needs (a 2.1 MiB unit on 2 threads against a 1 MiB best is two
-    reads of 1.06 MiB, not three of 0.71 with one thread idle for the last). Measured at a quarter
-    budget on 2 cores (tok/s, one process, interleaved): SmolLM2's 1.9 MiB units as one 4 MiB read
-    on 8 threads 12.9, two reads of 0.95 MiB 22.3, 8 x 256 KiB 16.1 (hybrid 11.8); Gemma 3's 3 MiB
-    units 10.5 against 15.7 as two reads (hybrid 10.5).
+    reads of 1.06 MiB, not three of 0.71 with one thread idle for the last).
 
     With more units in flight each unit is read whole (up to the device's best read size) and
     there are as many I/O threads as reads in flight, up to the device's depth: a thread waiting
-    on a read takes no core. This storage read 1250-1420 MB/s with four 1 MiB reads in flight
-    against 820-1140 with two of 512 KiB (5 rounds of `compare.py`'s read ceiling); Gemma 3 at half
-    its bundle streams its head in 1 MiB units through 14-15 slots, and went from 1.14x to 1.29x
-    hybrid with 8 reads of 1 MiB instead of 2 of 512 KiB (separate processes, 6 rounds)."""
+    on a read takes no core, and more reads in flight keep a flash device's queue full.
+    docs/memory-budget.md has the measurements behind both rules."""
     if units_in_flight <= 1:
         threads = max(1, min(threads, cores or os.cpu_count() or 1))
         reads_per_thread = max(1, round(unit_bytes / (threads * chunk_bytes)))
         return threads, max(MIN_READ, align_up(-(-unit_bytes // (threads * reads_per_thread))))
     read = max(MIN_READ, min(chunk_bytes, align_up(unit_bytes)))
     return max(1, min(threads, units_in_flight * -(-unit_bytes // read))), read
-
-
-def group_units(layout: WeightLayout, groups: list[WeightGroup]) -> list[tuple[int, int]]:
-    """Byte ranges of the groups, merged when adjacent (one read instead of two)."""
-    ranges: list[tuple[int, int]] = []
-    for g in sorted(groups, key=lambda g: g.start):
-        if ranges and ranges[-1][0] + ranges[-1][1] == g.start:
-            ranges[-1] = (ranges[-1][0], ranges[-1][1] + g.nbytes)
-        else:
-            ranges.append((g.start, g.nbytes))
-    return ranges

@@ -9,7 +9,6 @@ from __future__ import annotations
 from typing import Any, Protocol, Sequence
 
 import numpy as np
-
 from edgeflash.runtime.spec import ModelSpec
 
 

@@ -6,8 +6,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Iterator, Sequence
 
-from edgeflash.errors import UserError
-from edgeflash.memory.rss import peak_rss_bytes
+from edgeflash.base.errors import UserError
+from edgeflash.base.rss import peak_rss_bytes
 from edgeflash.runtime.engine import Engine
 from edgeflash.runtime.sampler import Sampler, SamplingParams
 

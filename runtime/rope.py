@@ -9,8 +9,7 @@ from __future__ import annotations
 import math
 
 import numpy as np
-
-from edgeflash.errors import UnsupportedModelError
+from edgeflash.base.errors import UnsupportedModelError
 from edgeflash.runtime.spec import ModelSpec
 
 

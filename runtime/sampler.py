@@ -7,8 +7,7 @@ from typing import Sequence
 
 import numpy as np
 import numpy.random  # noqa: F401  (imported with the runtime, not at the first sample)
-
-from edgeflash.errors import UserError
+from edgeflash.base.errors import UserError
 
 
 @dataclass

@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from edgeflash.errors import ModelFormatError
+from edgeflash.base.errors import ModelFormatError
 from edgeflash.runtime.spec import ModelSpec
 from edgeflash.runtime.tensors import Tensor
 
@@ -49,30 +49,3 @@ def expected_tensor_names(spec: ModelSpec) -> list[str]:
     if spec.attn_bias:
         per_layer += ["attn_q.bias", "attn_k.bias", "attn_v.bias"]
     return names + [f"blk.{i}.{n}" for i in range(spec.n_layers) for n in per_layer]
-
-
-def open_model(path: str | Path, *, verify: bool = True) -> ModelSource:
-    """Load a GGUF file, a Hugging Face directory or an edgeflash bundle, by what is on disk.
-    `verify=False` skips a bundle's checksum pass (a budgeted run verifies with direct I/O)."""
-    path = Path(path).expanduser()
-    if not path.exists():
-        raise ModelFormatError(f"{path}: no such file or directory")
-    if path.is_dir():
-        if (path / "manifest.json").exists():
-            from edgeflash.runtime.bundle import load_bundle
-
-            return load_bundle(path, verify=verify)
-        if (path / "config.json").exists():
-            from edgeflash.export.sources.hf import load_hf_dir
-
-            return load_hf_dir(path)
-        raise ModelFormatError(f"{path}: directory has neither manifest.json (an edgeflash bundle) nor "
-                               "config.json (a Hugging Face model)")
-    with open(path, "rb") as f:
-        magic = f.read(4)
-    if magic == b"GGUF":
-        from edgeflash.export.sources.gguf import load_gguf
-
-        return load_gguf(path)
-    raise ModelFormatError(f"{path}: not a model file (starts with {magic!r}; expected a GGUF file, "
-                           "an edgeflash bundle directory or a Hugging Face directory)")

@@ -12,7 +12,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
-from edgeflash.errors import UnsupportedModelError
+from edgeflash.base.errors import UnsupportedModelError
 
 ACTIVATIONS = ("silu", "gelu_tanh")
 LAYER_KINDS = ("full", "sliding")

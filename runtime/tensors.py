@@ -5,8 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
-
-from edgeflash.runtime.formats import Format, get_format
+from edgeflash.kernels.formats import FormatInfo, get_format
 
 
 @dataclass
@@ -20,7 +19,7 @@ class Tensor:
     raw: np.ndarray
 
     @property
-    def format(self) -> Format:
+    def format(self) -> FormatInfo:
         return get_format(self.fmt)
 
     @property
@@ -38,6 +37,10 @@ class Tensor:
     def dequantize(self) -> np.ndarray:
         """float32 values in the logical shape."""
         return dequantize_raw(self.raw, self.fmt, self.cols).reshape(self.shape)
+
+    def with_bytes_from(self, buffer: np.ndarray, offset: int) -> Tensor:
+        """The same tensor, its bytes taken from `buffer[offset:]` (a resident copy read from flash)."""
+        return Tensor(self.name, self.fmt, self.shape, buffer[offset:offset + self.nbytes].reshape(self.raw.shape))
 
     def take_rows(self, index: np.ndarray) -> Tensor:
         """A new tensor made of the given rows (any format: rows are independent)."""

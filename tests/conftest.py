@@ -21,21 +21,21 @@ REAL_MODELS = ("gemma3-270m", "smollm2-135m")
 
 @pytest.fixture(scope="session")
 def model_path():
-    from edgeflash.models import resolve_model
+    from edgeflash.base.models import resolve_model
 
     return lambda alias: resolve_model(alias)
 
 
 @pytest.fixture(scope="session")
 def gemma_path() -> Path:
-    from edgeflash.models import resolve_model
+    from edgeflash.base.models import resolve_model
 
     return resolve_model("gemma3-270m")
 
 
 @pytest.fixture(scope="session")
 def smollm_path() -> Path:
-    from edgeflash.models import resolve_model
+    from edgeflash.base.models import resolve_model
 
     return resolve_model("smollm2-135m")
 

@@ -31,10 +31,11 @@ DECODE_TOKENS = 64
 def gemv_pass(engine) -> Callable[[], None]:
     """A closure that runs every weight matrix of the model once."""
     from edgeflash.kernels import _native
-    from edgeflash.runtime.native_engine import _MATRICES
+    from edgeflash.runtime.native_engine import LAYER_SLOTS, MATRIX_SLOTS
 
     spec, tensors = engine.spec, engine.source.tensors
-    names = [f"blk.{i}.{n}" for i in range(spec.n_layers) for n in _MATRICES.values() if f"blk.{i}.{n}" in tensors]
+    matrices = [t for t, slot in LAYER_SLOTS.items() if slot in MATRIX_SLOTS]
+    names = [f"blk.{i}.{n}" for i in range(spec.n_layers) for n in matrices if f"blk.{i}.{n}" in tensors]
     names.append("output.weight" if "output.weight" in tensors else "token_embd.weight")
     mats = [engine._matrix(tensors[n]) for n in names]
     xs = {cols: np.random.default_rng(0).standard_normal((1, cols), dtype=np.float32) for _, _, _, cols in mats}
@@ -93,7 +94,7 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--rounds", type=int, default=3)
     args = parser.parse_args()
-    from edgeflash import kernels
+    import edgeflash.kernels as kernels
     from edgeflash.kernels.bench import read_bandwidth
 
     kernels.set_num_threads(args.threads)

@@ -25,11 +25,10 @@ PROMPT = "The three most useful things to pack for a week of hiking are"
 
 def keep_logits_equal(model: str, bundle: Path) -> bool:
     import numpy as np
-
-    from edgeflash.models import resolve_model
+    from edgeflash.base.models import resolve_model
     from edgeflash.runtime.bundle import load_bundle
     from edgeflash.runtime.reference import ReferenceEngine
-    from edgeflash.runtime.source import open_model
+    from edgeflash.runtime.sources import open_model
 
     gguf = open_model(resolve_model(model))
     ids = gguf.tokenizer.encode(PROMPT)

@@ -11,9 +11,8 @@ from __future__ import annotations
 import argparse
 import os
 
-import numpy as np
-
 import edgeflash.kernels as K
+import numpy as np
 from edgeflash.kernels import _native
 from edgeflash.kernels.bench import _median_time, random_weights
 

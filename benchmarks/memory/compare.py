@@ -54,7 +54,7 @@ CONFIGS = {  # name -> load options
 RUN = textwrap.dedent("""
     import json, sys, time
     import edgeflash as ef
-    from edgeflash.memory.rss import current_rss_bytes, peak_rss_bytes, reset_peak_rss
+    from edgeflash.base.rss import current_rss_bytes, peak_rss_bytes, reset_peak_rss
     bundle, budget, options, tokens, prompt = sys.argv[1], int(sys.argv[2]), json.loads(sys.argv[3]), int(sys.argv[4]), sys.argv[5]
     reset_peak_rss(); before = current_rss_bytes()
     try:  # budget 0: the unbudgeted engine, for its compute time a token
@@ -264,7 +264,7 @@ def window_sweep(args: argparse.Namespace) -> None:
 LONG = textwrap.dedent("""
     import json, sys
     import edgeflash as ef
-    from edgeflash.memory.rss import current_rss_bytes, peak_rss_bytes, reset_peak_rss
+    from edgeflash.base.rss import current_rss_bytes, peak_rss_bytes, reset_peak_rss
     bundle, budget, tokens = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
     reset_peak_rss(); before = current_rss_bytes()
     m = ef.load(bundle, memory_budget=budget, context_length=1024)

@@ -31,15 +31,15 @@ PARALLEL_SHAPES = ((2, 2 << 20), (4, 1 << 20), (8, 256 << 10))
 
 def read_rate(weights: Path, direct: bool, total: int, threads: int, chunk: int) -> float:
     """MB/s reading `total` bytes of `weights` REPEATS times with `threads` reads of `chunk` in flight."""
-    from edgeflash.kernels import _native
+    from edgeflash.memory.io_profile import read_seconds
 
-    seconds = sum(_native.probe_read(str(weights), direct, threads, align_up(chunk), 0, total) for _ in range(REPEATS))
+    seconds = sum(read_seconds(weights, direct, threads, align_up(chunk), total) for _ in range(REPEATS))
     return REPEATS * total / seconds / 1e6
 
 
 def measure(weights: Path, hybrid: dict, flash: dict | None) -> dict:
     """One round's rates: `hybrid`/`flash` are run results carrying the plan's I/O shape."""
-    from edgeflash.memory.budgeted import open_direct
+    from edgeflash.memory.direct_io import open_direct
 
     fd, direct = open_direct(weights)
     os.close(fd)

@@ -23,10 +23,16 @@ from edgeflash.export.quant.config import (
 )
 from edgeflash.export.quant.methods import dequantize_matrix, prepare_importance, quantize_matrix
 from edgeflash.export.quant.roles import ROLES, role_of
-from edgeflash.export.quant.schemes import get_scheme, list_schemes, parse_mixed, register_scheme
+from edgeflash.export.quant.schemes import (
+    get_scheme,
+    list_schemes,
+    parse_mixed,
+    register_scheme,
+    resolve_config,
+)
 
 __all__ = [
     "ARENA_FORMATS", "CONFIG_VERSION", "METHODS", "ROLES", "RULE_FORMATS", "QuantConfig", "QuantConfigError", "Rule",
     "TensorPlan", "default_method", "dequantize_matrix", "get_scheme", "list_schemes", "parse_mixed",
-    "prepare_importance", "quantize_matrix", "register_scheme", "role_of",
+    "prepare_importance", "quantize_matrix", "register_scheme", "resolve_config", "role_of",
 ]

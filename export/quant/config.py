@@ -19,9 +19,9 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from edgeflash.errors import UserError
+from edgeflash.base.errors import UserError
 from edgeflash.export.quant.roles import ROLES, role_of
-from edgeflash.runtime.formats import get_format
+from edgeflash.kernels.formats import get_format
 
 CONFIG_VERSION = 1
 RULE_FORMATS = ("keep", "f32", "f16", "q8_0", "q4_0", "q4_1", "q5_0", "q4_k", "q4_lut")

@@ -7,7 +7,6 @@ they exist; q4_k, which the kernels only read, and every `weighted` method run i
 from __future__ import annotations
 
 import numpy as np
-
 from edgeflash.export.quant.q4_k import quantize_q4_k
 from edgeflash.export.quant.q4_lut import quantize_q4_lut
 from edgeflash.export.quant.weighted import (
@@ -37,7 +36,7 @@ def quantize_matrix(values: np.ndarray, fmt: str, method: str = "rtn",
         raise ValueError("weights contain NaN or infinity")
     if method == "rtn":
         if fmt in _NATIVE_RTN:
-            from edgeflash import kernels
+            import edgeflash.kernels as kernels
 
             return kernels.quantize(values, fmt)
         if fmt == "q4_k":
@@ -67,11 +66,11 @@ def prepare_importance(importance: np.ndarray, cols: int) -> np.ndarray:
 
 def dequantize_matrix(raw: np.ndarray, fmt: str, cols: int) -> np.ndarray:
     """float32 [rows, cols] from packed rows (native where the kernels know the format)."""
-    from edgeflash import kernels
+    import edgeflash.kernels as kernels
     from edgeflash.runtime.tensors import dequantize_raw
 
     raw = np.ascontiguousarray(raw)
-    if fmt in kernels.FORMATS:
+    if fmt in kernels.KERNEL_FORMATS:
         if fmt == "f32":
             return raw.view(np.float32).reshape(raw.shape[0], cols).copy()
         return kernels.dequantize(raw.reshape(-1, raw.shape[-1]), fmt, cols)

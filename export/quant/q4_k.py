@@ -13,7 +13,6 @@ recomputed with the scales that are actually stored.
 from __future__ import annotations
 
 import numpy as np
-
 from edgeflash.export.quant.weighted import affine_search, by_row_chunks
 
 

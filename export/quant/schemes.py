@@ -32,6 +32,12 @@ def list_schemes() -> list[str]:
     return list(_REGISTRY)
 
 
+def resolve_config(quant: str | QuantConfig, group_size: int | None) -> QuantConfig:
+    """The config an export runs with: a scheme name or a config, at the given group size."""
+    config = quant if isinstance(quant, QuantConfig) else get_scheme(quant)
+    return config.with_group_size(group_size)
+
+
 def get_scheme(name: str) -> QuantConfig:
     """A QuantConfig by registered name or `mixed:` rule list."""
     if isinstance(name, QuantConfig):

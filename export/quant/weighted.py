@@ -18,7 +18,6 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import numpy as np
-
 from edgeflash.export.quant.blocks import pack_q4_0, pack_q4_1, pack_q5_0, pack_q8_0
 
 # Candidate level counts around the round-to-nearest one (n): inverse scales (n + step) / max|x|.

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from edgeflash.errors import UserError
+from edgeflash.base.errors import UserError
 from edgeflash.runtime.source import ModelSource
 
 
@@ -15,8 +15,8 @@ def load_source(source: Any, config: Any = None, tokenizer: Any = None) -> Model
     if isinstance(source, (str, Path)):
         if config is not None or tokenizer is not None:
             raise UserError("config= and tokenizer= apply to torch module sources only; a path carries its own")
-        from edgeflash.models import resolve_model
-        from edgeflash.runtime.source import open_model
+        from edgeflash.base.models import resolve_model
+        from edgeflash.runtime.sources import open_model
 
         return open_model(resolve_model(source))
     try:

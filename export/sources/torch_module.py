@@ -12,8 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-
-from edgeflash.errors import UserError
+from edgeflash.base.errors import UserError
 from edgeflash.runtime.source import ModelSource, expected_tensor_names
 from edgeflash.runtime.tensors import Tensor
 
@@ -38,7 +37,7 @@ def resolve_tokenizer(tokenizer: Any):
     if not path.exists():
         raise UserError(f"{path}: no such tokenizer file or directory")
     if path.is_file() and path.read_bytes()[:4] == b"GGUF":
-        from edgeflash.export.sources.gguf import read_metadata
+        from edgeflash.runtime.sources.gguf import read_metadata
 
         return Tokenizer.from_gguf_metadata(read_metadata(path))
     try:
@@ -49,9 +48,8 @@ def resolve_tokenizer(tokenizer: Any):
 
 def load_torch_module(module: Any, config: Any, tokenizer: Any, name: str | None = None) -> ModelSource:
     import torch
-
-    from edgeflash.export.sources.hf import tensor_from_hf
     from edgeflash.runtime.families import family_for_hf_model_type
+    from edgeflash.runtime.sources.hf import tensor_from_hf
 
     if config is None:
         config = getattr(module, "config", None)

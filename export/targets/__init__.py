@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from edgeflash.errors import UserError
+from edgeflash.base.errors import UserError
 
 TARGETS = ("executorch", "onnx", "coreml")
 # Python packages each target needs (the optional `backends` extra installs them all).
@@ -71,8 +71,8 @@ def export_target(source: Any, out: str | Path, target: str, quant: Any = "q4_0"
     `out` for `target`, split into `chunks`. `et_activations` (executorch only): "int8" (default,
     XNNPACK's 8da4w / 8da8w kernels) or "f32" (weight-only: float32 activations against the same
     codes, matching the reference runtime to float rounding; slower, int4 codes a byte each)."""
-    from edgeflash.export.pipeline import resolve_config
     from edgeflash.export.progress import note
+    from edgeflash.export.quant import resolve_config
     from edgeflash.export.sources import load_source
     from edgeflash.export.targets.chunks import TOKENIZER_FILE, plan_chunks
     from edgeflash.export.writer import check_output, move_into_place
@@ -184,7 +184,7 @@ def _importance(model, tokens: int, progress: bool, threads: int):
 
 def _manifest(prepared, target: str, kv: str, cache_len: int, prefill_tokens: int, chunks: list[dict],
               timings: dict[str, float], module, options: dict[str, Any] | None = None) -> dict[str, Any]:
-    from edgeflash import __version__
+    from edgeflash.base import __version__
     from edgeflash.export.targets.chunks import (
         MANIFEST_FORMAT,
         MANIFEST_VERSION,

@@ -100,7 +100,7 @@ def reference_model(source, target: str, quant="q4_0", *, target_arithmetic: boo
     (no calibration): the same quantize stage and target form as `export_target`, so its weights
     are the numbers the export computes with; with `target_arithmetic`, `ops` also round the
     activations as the target's kernels do (None when they do not)."""
-    from edgeflash.export.pipeline import resolve_config
+    from edgeflash.export.quant import resolve_config
     from edgeflash.export.sources import load_source
     from edgeflash.export.targets import target_module
     from edgeflash.export.targets.prepare import prepare

@@ -38,7 +38,7 @@ class PreparedModel:
 
 def check_config(source: ModelSource, config: QuantConfig, allowed: tuple[str, ...], target: str) -> None:
     """Refuse before any work a config whose plan gives a tensor a format the target cannot hold."""
-    from edgeflash.errors import UserError
+    from edgeflash.base.errors import UserError
 
     for name, t in source.tensors.items():
         plan = config.plan(name, t.shape)

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 import numpy as np
-from edgeflash.errors import UserError
+from edgeflash.base.errors import UserError
 from edgeflash.export.targets.chunks import read_manifest
 from edgeflash.runtime.spec import ModelSpec
 

@@ -6,7 +6,7 @@ import platform
 from pathlib import Path
 
 import numpy as np
-from edgeflash.errors import UserError
+from edgeflash.base.errors import UserError
 
 
 class ExecuTorchSession:

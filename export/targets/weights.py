@@ -19,10 +19,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
-from edgeflash.errors import UserError
+from edgeflash.base.errors import UserError
+from edgeflash.kernels.formats import FORMATS
 from edgeflash.runtime.tensors import Tensor
 
-GROUP = 32  # values per scale of q4_0 / q8_0
+GROUP = FORMATS["q4_0"].block_elems  # values per scale of q4_0 / q8_0 (both 32)
 
 
 @dataclass
@@ -84,7 +85,7 @@ def _unpack_q4_0(raw: np.ndarray, cols: int) -> tuple[np.ndarray, np.ndarray]:
     # Block of 18 bytes: f16 scale, then 16 bytes holding element j in the low nibble of byte j
     # and element j + 16 in its high nibble; value = (nibble - 8) * scale.
     rows = raw.shape[0]
-    blocks = raw.reshape(rows, cols // GROUP, 18)
+    blocks = raw.reshape(rows, cols // GROUP, FORMATS["q4_0"].block_bytes)
     scales = blocks[:, :, :2].copy().view(np.float16)[:, :, 0].astype(np.float32)  # [rows, groups]
     qs = blocks[:, :, 2:]  # [rows, groups, 16]
     nibbles = np.concatenate([qs & 0x0F, qs >> 4], axis=2)  # [rows, groups, 32]
@@ -95,7 +96,7 @@ def _unpack_q4_0(raw: np.ndarray, cols: int) -> tuple[np.ndarray, np.ndarray]:
 def _unpack_q8_0(raw: np.ndarray, cols: int) -> tuple[np.ndarray, np.ndarray]:
     # Block of 34 bytes: f16 scale, then 32 int8 codes.
     rows = raw.shape[0]
-    blocks = raw.reshape(rows, cols // GROUP, 34)
+    blocks = raw.reshape(rows, cols // GROUP, FORMATS["q8_0"].block_bytes)
     scales = blocks[:, :, :2].copy().view(np.float16)[:, :, 0].astype(np.float32)
     codes = blocks[:, :, 2:].copy().view(np.int8).reshape(rows, cols)
     return codes, scales

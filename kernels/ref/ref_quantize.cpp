@@ -138,6 +138,16 @@ void quantize_q4_lut(const float* x, int64_t cols, uint8_t* out) {
 
 }  // namespace
 
+bool can_quantize(Format f) {
+  switch (f) {
+    case Format::f32: case Format::f16: case Format::q8_0: case Format::q4_0: case Format::q4_1:
+    case Format::q5_0: case Format::q4_lut:
+      return true;
+    default:
+      return false;
+  }
+}
+
 void quantize_rows(const float* x, int64_t rows, int64_t cols, Format fmt, uint8_t* out, size_t out_size) {
   if (!x || !out) throw KernelError("quantize_rows: null buffer");
   if (rows < 0) throw KernelError("quantize_rows: rows must be >= 0");

@@ -179,6 +179,12 @@ std::string current_isa() {
   return kLevels[s.active_level].name;
 }
 
+bool runs_format(Format f) {
+  const KernelTable& t = kernels();
+  const int i = static_cast<int>(f);
+  return i >= 0 && i < kFormatCount && t.dequant[i].fn && (t.gemm_q8[i].fn || t.gemm_f32[i].fn);
+}
+
 std::vector<std::pair<std::string, std::string>> implementations() {
   const KernelTable& t = kernels();
   std::vector<std::pair<std::string, std::string>> out;

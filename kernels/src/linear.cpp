@@ -13,6 +13,9 @@ namespace {
 
 void check_weights(const WeightMatrix& w, const char* what) {
   if (!w.data) throw KernelError(std::string(what) + ": weight buffer is null");
+  if (!runs_format(w.fmt))
+    throw KernelError(std::string(what) + ": no kernel runs format " + format_info(w.fmt).name +
+                      " (convert it to q8_0 or f16 first)");
   if (w.rows <= 0) throw KernelError(std::string(what) + ": weight rows must be positive, got " + std::to_string(w.rows));
   check_cols(w.fmt, w.cols, what);
   const size_t rb = row_bytes(w.fmt, w.cols);
@@ -111,6 +114,13 @@ void check_row_ids(const int32_t* rows, int64_t n_rows, int64_t limit, const cha
 }
 
 }  // namespace
+
+size_t QuantizedActs::bytes_for(int64_t n, int64_t cols) {
+  const size_t e = static_cast<size_t>(n * cols);
+  // codes, then per 32: d, ns32, s32; per 16: s16, ns16; d8 is d repeated 8 times per block
+  return e * sizeof(int8_t) + e / 32 * (sizeof(float) + sizeof(int32_t) + sizeof(float)) +
+         e / 16 * (sizeof(float) + sizeof(int32_t)) + e / 4 * sizeof(float);
+}
 
 void QuantizedActs::quantize(const float* x, int64_t n, int64_t cols) {
   if (!x) throw KernelError("quantize activations: input is null");

@@ -28,17 +28,23 @@ NeuronCacheFfn::NeuronCacheFfn(std::shared_ptr<DirectReader> reader, std::vector
   if (capacity_ < 1) throw std::invalid_argument("neuron cache: capacity must be >= 1");
   if (window_ < 0) throw std::invalid_argument("neuron cache: window must be >= 0");
   for (const SparseLayerSpec& s : layers_) {
-    if (s.stride < bundle_ || s.arena_offset < 0 || static_cast<int64_t>(s.file_slot_of_neuron.size()) != s.n_neurons)
+    if (s.stride < bundle_ || s.arena_offset < 0 || s.n_neurons() < 1)
       throw std::invalid_argument("neuron cache: arena geometry does not match the bundle formats");
     if (s.stride + kIoAlignment * 2 > kBounceBytes)
       throw std::invalid_argument("neuron cache: a neuron bundle is larger than the read buffer");
+    std::vector<bool> seen(static_cast<size_t>(s.n_neurons()), false);
+    for (const int32_t slot : s.file_slot_of_neuron) {
+      if (slot < 0 || slot >= s.n_neurons() || seen[slot])
+        throw std::invalid_argument("neuron cache: the arena order is not a permutation of the neurons");
+      seen[slot] = true;
+    }
     Cache c;
     c.arena = AlignedBuffer(static_cast<size_t>(capacity_) * bundle_);
     c.neuron_of.assign(static_cast<size_t>(capacity_), -1);
-    c.slot_of.assign(static_cast<size_t>(s.n_neurons), -1);
+    c.slot_of.assign(static_cast<size_t>(s.n_neurons()), -1);
     c.last_used.assign(static_cast<size_t>(capacity_), 0);
     caches_.push_back(std::move(c));
-    mark_.resize(std::max(mark_.size(), static_cast<size_t>(s.n_neurons)), 0);
+    mark_.resize(std::max(mark_.size(), static_cast<size_t>(s.n_neurons())), 0);
   }
 }
 
@@ -48,21 +54,21 @@ size_t NeuronCacheFfn::cache_bytes() const {
   return n;
 }
 
-void NeuronCacheFfn::predict(const SparseLayerSpec& s, const engine::LayerWeights& w, const float* x, int64_t n,
+void NeuronCacheFfn::predict(const SparseLayerSpec& s, const LayerWeights& w, const float* x, int64_t n,
                              std::vector<int32_t>* active) {
   // t = A x: [n, rank]; p = B t: [n, n_neurons]; active = union over tokens of |act(p)| > threshold.
-  if (!w.pred_a.data || !w.pred_b.data || w.pred_a.cols != d_model_ || w.pred_b.rows != s.n_neurons ||
+  if (!w.pred_a.data || !w.pred_b.data || w.pred_a.cols != d_model_ || w.pred_b.rows != s.n_neurons() ||
       w.pred_b.cols != w.pred_a.rows)
     throw KernelError("sparse FFN: the layer's predictor is missing or has the wrong shape");
   const int64_t rank = w.pred_a.rows;
   t_.resize(static_cast<size_t>(n * rank));
-  p_.resize(static_cast<size_t>(n * s.n_neurons));
+  p_.resize(static_cast<size_t>(n * s.n_neurons()));
   matmul(w.pred_a, x, n, t_.data(), ActPrecision::f32);
   matmul(w.pred_b, t_.data(), n, p_.data(), ActPrecision::f32);
   active->clear();
-  for (int64_t neuron = 0; neuron < s.n_neurons; ++neuron)
+  for (int64_t neuron = 0; neuron < s.n_neurons(); ++neuron)
     for (int64_t i = 0; i < n; ++i)
-      if (std::fabs(activation(p_[i * s.n_neurons + neuron], act_)) > s.pred_threshold) {
+      if (std::fabs(activation(p_[i * s.n_neurons() + neuron], act_)) > s.pred_threshold) {
         active->push_back(static_cast<int32_t>(neuron));
         break;
       }
@@ -143,7 +149,7 @@ void NeuronCacheFfn::load(const SparseLayerSpec& s, Cache& c, const std::vector<
   }
 }
 
-void NeuronCacheFfn::compute(int64_t layer, const engine::LayerWeights& w, const float* x, int64_t n, float* out) {
+void NeuronCacheFfn::compute(int64_t layer, const LayerWeights& w, const float* x, int64_t n, float* out) {
   const SparseLayerSpec& s = layers_[layer];
   Cache& c = caches_[layer];
   if (layer == 0) {

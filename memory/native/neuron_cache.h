@@ -10,15 +10,15 @@
 #include <vector>
 
 #include "direct_reader.h"
-#include "engine.h"
+#include "layer_source.h"
 
 namespace ef::memory {
 
 struct SparseLayerSpec {
   int64_t arena_offset = 0;  // absolute file offset of arena slot 0
   size_t stride = 0;         // bytes per neuron bundle in the file
-  int64_t n_neurons = 0;
-  std::vector<int32_t> file_slot_of_neuron;  // neuron id -> arena slot in the file
+  std::vector<int32_t> file_slot_of_neuron;  // neuron id -> arena slot in the file (a permutation)
+  int64_t n_neurons() const { return static_cast<int64_t>(file_slot_of_neuron.size()); }
   float pred_threshold = 0.0f;  // neuron predicted active when |act(B A x)| > this
   float gate_threshold = 0.0f;  // the kernel skips a neuron when |gate . x| < this (0: never)
 };
@@ -27,13 +27,13 @@ struct NeuronCacheStats {
   uint64_t lookups = 0, hits = 0, loaded = 0, evicted = 0, bytes_read = 0, predicted = 0, tokens = 0, passes = 0;
 };
 
-class NeuronCacheFfn : public engine::FfnHook {
+class NeuronCacheFfn : public FfnHook {
  public:
   NeuronCacheFfn(std::shared_ptr<DirectReader> reader, std::vector<SparseLayerSpec> layers, int64_t d_model,
                  Format gate, Format up, Format down, Activation act, int64_t capacity, int64_t window);
 
   bool active(int64_t layer) const override { return layer >= 0 && layer < static_cast<int64_t>(layers_.size()); }
-  void compute(int64_t layer, const engine::LayerWeights& w, const float* x, int64_t n, float* out) override;
+  void compute(int64_t layer, const LayerWeights& w, const float* x, int64_t n, float* out) override;
 
   NeuronCacheStats stats() const { return stats_; }
   size_t cache_bytes() const;
@@ -47,7 +47,7 @@ class NeuronCacheFfn : public engine::FfnHook {
     int64_t used = 0;
   };
 
-  void predict(const SparseLayerSpec& spec, const engine::LayerWeights& w, const float* x, int64_t n,
+  void predict(const SparseLayerSpec& spec, const LayerWeights& w, const float* x, int64_t n,
                std::vector<int32_t>* active);
   void evict_stale(Cache& c);
   void evict_slot(Cache& c, int64_t slot);

@@ -13,7 +13,7 @@ size_t StreamUnit::bytes() const {
   return n;
 }
 
-StreamingWeights::StreamingWeights(std::shared_ptr<DirectReader> reader, engine::ResidentLayers* resident,
+StreamingWeights::StreamingWeights(std::shared_ptr<DirectReader> reader, ResidentLayers* resident,
                                    int64_t n_layers, std::vector<StreamUnit> units, int slots, size_t staging_bytes,
                                    bool prefetch)
     : reader_(std::move(reader)), resident_(resident), units_(std::move(units)), layer_unit_(n_layers, -1),
@@ -26,8 +26,16 @@ StreamingWeights::StreamingWeights(std::shared_ptr<DirectReader> reader, engine:
     const StreamUnit& unit = units_[u];
     largest = std::max(largest, unit.bytes());
     for (const auto& r : unit.ranges)
-      if (r.first % kIoAlignment || r.second % kIoAlignment)
+      if (r.first < 0 || r.first % kIoAlignment || r.second % kIoAlignment)
         throw std::invalid_argument("streaming: unit ranges must be 4096-aligned");
+    for (const StreamedTensor& t : unit.tensors) {
+      if (t.rows < 1 || t.cols < 1) throw std::invalid_argument("streaming: a streamed tensor has no rows or columns");
+      if (!is_matrix(t.target) && unit.layer >= 0 && t.fmt != Format::f32)
+        throw std::invalid_argument(std::string("streaming: vector '") + slot_info(t.target).name + "' must be f32");
+      if (t.offset % 4 || t.offset + t.bytes() > unit.bytes())
+        throw std::invalid_argument(std::string("streaming: tensor '") + slot_info(t.target).name +
+                                    "' lies outside its unit's bytes");
+    }
     if (unit.layer >= 0) {
       if (seen_head || unit.layer <= last_layer || unit.layer >= n_layers)
         throw std::invalid_argument("streaming: layer units must come first, in increasing layer order");
@@ -158,25 +166,18 @@ void StreamingWeights::pop_front() {
   if (prefetch_) fill();
 }
 
-const engine::LayerWeights& StreamingWeights::acquire(int64_t layer) {
+const LayerWeights& StreamingWeights::acquire(int64_t layer) {
   const int64_t u = layer_unit_.at(layer);
   if (u < 0) return resident_->acquire(layer);
   const InFlight& f = wait_front(u);
   current_ = resident_->at(layer);
   const uint8_t* base = slots_[f.slot];
-  WeightMatrix* matrices[] = {&current_.q, &current_.k, &current_.v, &current_.o, &current_.gate,
-                              &current_.up, &current_.down, &current_.pred_a, &current_.pred_b};
-  const float** vectors[] = {&current_.attn_norm, &current_.ffn_norm, &current_.post_attn_norm,
-                             &current_.post_ffn_norm, &current_.q_norm, &current_.k_norm,
-                             &current_.q_bias, &current_.k_bias, &current_.v_bias};
   for (const StreamedTensor& t : units_[u].tensors) {
     const uint8_t* p = base + t.offset;
-    if (t.target <= kPredB) {
-      *matrices[t.target] = WeightMatrix{p, static_cast<size_t>(t.rows) * row_bytes(t.fmt, t.cols), t.fmt, t.rows,
-                                         t.cols, 0};
-    } else if (t.target < kTargetCount) {
-      *vectors[t.target - kAttnNorm] = reinterpret_cast<const float*>(p);
-    }
+    if (is_matrix(t.target))
+      current_.matrix(t.target) = WeightMatrix{p, t.bytes(), t.fmt, t.rows, t.cols, 0};
+    else
+      current_.vector(t.target) = reinterpret_cast<const float*>(p);
   }
   return current_;
 }
@@ -189,8 +190,7 @@ const WeightMatrix& StreamingWeights::acquire_chunk(int64_t chunk, int64_t* firs
   const int64_t u = head_units_.at(chunk);
   const InFlight& f = wait_front(u);
   const StreamedTensor& t = units_[u].tensors[0];
-  head_chunk_ = WeightMatrix{slots_[f.slot] + t.offset, static_cast<size_t>(t.rows) * row_bytes(t.fmt, t.cols),
-                             t.fmt, t.rows, t.cols, 0};
+  head_chunk_ = WeightMatrix{slots_[f.slot] + t.offset, t.bytes(), t.fmt, t.rows, t.cols, 0};
   *first_row = units_[u].head_row0;
   return head_chunk_;
 }

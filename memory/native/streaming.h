@@ -7,24 +7,22 @@
 #include <cstdint>
 #include <deque>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "direct_reader.h"
-#include "engine.h"
+#include "layer_source.h"
 
 namespace ef::memory {
 
-// Where a streamed tensor lands inside its unit's staging slot, and what it is.
+// Where a streamed tensor lands inside its unit's staging slot, and what it is. (The embedding
+// table read on demand is described the same way, `offset` then being its offset in the file.)
 struct StreamedTensor {
-  int target = 0;  // a LayerTarget, or 0 for a head chunk's matrix
+  Slot target = Slot::q;  // the layer slot it fills (a head chunk's matrix: unused)
   size_t offset = 0;
   Format fmt = Format::f32;
-  int64_t rows = 0, cols = 0;
-};
-
-enum LayerTarget : int {
-  kQ = 0, kK, kV, kO, kGate, kUp, kDown, kPredA, kPredB,
-  kAttnNorm, kFfnNorm, kPostAttnNorm, kPostFfnNorm, kQNorm, kKNorm, kQBias, kKBias, kVBias, kTargetCount
+  int64_t rows = 0, cols = 0;  // a vector is {length, 1}
+  size_t bytes() const { return static_cast<size_t>(rows) * row_bytes(fmt, cols); }
 };
 
 // One read unit: a layer's streamed blocks, or one chunk of head rows.
@@ -37,24 +35,40 @@ struct StreamUnit {
   size_t bytes() const;
 };
 
+// Everything a budgeted engine streams, as the planner decided it: the file, how it is read, the
+// units (layers in order, then head chunks) and, when the table is not resident, where the
+// embedding's rows are (`embedding.offset` is then an offset in the file).
+struct StreamingPlan {
+  std::string path;
+  bool direct = true;
+  int io_threads = 1;
+  size_t chunk_bytes = 1 << 20;
+  std::vector<StreamUnit> units;
+  int slots = 2;
+  bool prefetch = true;
+  size_t staging_bytes = 0;  // the staging slots' arena (0: just the slots)
+  bool stream_embedding = false;
+  StreamedTensor embedding;
+};
+
 struct StreamStats {
   uint64_t passes = 0;
   uint64_t units_read = 0;
   uint64_t prefetched_hits = 0;  // units already complete or in flight when the engine asked
 };
 
-class StreamingWeights : public engine::LayerSource, public engine::HeadSource {
+class StreamingWeights : public LayerSource, public HeadSource {
  public:
   // `resident` has every resident tensor of every layer set; streamed ones are filled per pass.
   // `slots` staging slots of the largest unit, in one arena of `staging_bytes` (0: just the slots;
   // the plan may round it up to whole huge pages); prefetch keeps up to `slots` units in flight.
-  StreamingWeights(std::shared_ptr<DirectReader> reader, engine::ResidentLayers* resident, int64_t n_layers,
+  StreamingWeights(std::shared_ptr<DirectReader> reader, ResidentLayers* resident, int64_t n_layers,
                    std::vector<StreamUnit> units, int slots, size_t staging_bytes, bool prefetch);
   ~StreamingWeights() override { drain(); }  // no read may land in a freed staging slot
 
   // LayerSource
   void begin_pass(bool needs_head) override;
-  const engine::LayerWeights& acquire(int64_t layer) override;
+  const LayerWeights& acquire(int64_t layer) override;
   void release(int64_t layer) override;
   // HeadSource (only used when the head is streamed)
   int64_t n_chunks() override { return static_cast<int64_t>(head_units_.size()); }
@@ -81,7 +95,7 @@ class StreamingWeights : public engine::LayerSource, public engine::HeadSource {
   void drain();
 
   std::shared_ptr<DirectReader> reader_;
-  engine::ResidentLayers* resident_;
+  ResidentLayers* resident_;
   std::vector<StreamUnit> units_;
   std::vector<int64_t> layer_unit_;  // layer -> unit index or -1 (fully resident)
   std::vector<int64_t> head_units_;  // head chunk -> unit index
@@ -94,13 +108,13 @@ class StreamingWeights : public engine::LayerSource, public engine::HeadSource {
   bool ahead_ = false;        // the issue cursor has wrapped into the next pass
   int64_t issued_ahead_ = 0;  // units issued for the next pass
   std::deque<InFlight> in_flight_;
-  engine::LayerWeights current_;
+  LayerWeights current_;
   WeightMatrix head_chunk_{};
   StreamStats stats_;
 };
 
 // Embedding rows read on demand: each token's row comes from the 4 KiB pages holding it.
-class StreamedEmbedding : public engine::EmbeddingSource {
+class StreamedEmbedding : public EmbeddingSource {
  public:
   StreamedEmbedding(std::shared_ptr<DirectReader> reader, int64_t table_offset, Format fmt, int64_t rows,
                     int64_t cols);

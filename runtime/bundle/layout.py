@@ -8,7 +8,7 @@ start at multiples of TENSOR_ALIGNMENT (SIMD loads, cache lines). Full spec: doc
 
 from __future__ import annotations
 
-import re
+from edgeflash.memory.layout import ALIGN, group_name, group_of_tensor
 
 MAGIC = "edgeflash-bundle"
 # 2: long numeric arrays in the manifest (calibration, arena orders) are packed (packed.py).
@@ -21,7 +21,7 @@ TOKENIZER_FILE = "tokenizer.json"
 # of the result (Gemma 3: a 36 MiB peak for 7.5 MiB kept), and a memory budget covers opening too.
 TOKENIZER_TABLES_FILE = "tokenizer.tables"
 WEIGHTS_FILE = "weights.bin"
-BLOCK_ALIGNMENT = 4096  # direct-I/O granularity (logical block size of common flash devices)
+BLOCK_ALIGNMENT = ALIGN  # direct-I/O granularity (4096: the logical block size of common flash devices)
 TENSOR_ALIGNMENT = 64
 NEURON_STRIDE_ALIGNMENT = 64  # each neuron bundle in an arena starts on a cache line
 
@@ -30,37 +30,13 @@ NEURON_STRIDE_ALIGNMENT = 64  # each neuron bundle in an arena starts on a cache
 BLOCK_KINDS = ("embedding", "attention", "ffn", "neurons", "predictor", "globals", "head")
 LAYER_BLOCK_KINDS = ("attention", "ffn", "neurons", "predictor")
 
-_LAYER_TENSOR = re.compile(r"^blk\.(\d+)\.(.+)$")
-PREDICTOR_TENSORS = ("predictor_a.weight", "predictor_b.weight")
-
-
 def align_up(n: int, alignment: int) -> int:
     return -(-n // alignment) * alignment
 
 
-def block_name(kind: str, layer: int | None = None) -> str:
-    return f"layer.{layer}.{kind}" if kind in LAYER_BLOCK_KINDS else kind
-
-
-def block_of_tensor(name: str) -> str:
-    """The block a canonical tensor name belongs to.
-
-    Per-layer tensors whose name mentions the FFN (`ffn_*`, Gemma's `post_ffw_norm`) go to the
-    layer's ffn block; the low-rank neuron predictors to its predictor block; every other
-    per-layer tensor (norms, q/k/v/o, q/k norms, biases) to its attention block."""
-    if name == "token_embd.weight":
-        return "embedding"
-    if name == "output.weight":
-        return "head"
-    m = _LAYER_TENSOR.match(name)
-    if not m:
-        return "globals"
-    layer, rest = int(m.group(1)), m.group(2)
-    if rest in PREDICTOR_TENSORS:
-        return block_name("predictor", layer)
-    if rest.startswith(("ffn_", "post_ffw")):
-        return block_name("ffn", layer)
-    return block_name("attention", layer)
+# A bundle's blocks are the weight groups a budgeted run keeps or streams: one naming rule for both.
+block_of_tensor = group_of_tensor
+block_name = group_name
 
 
 def block_sort_key(name: str) -> tuple[int, int, int]:

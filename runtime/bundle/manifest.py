@@ -14,8 +14,8 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-
-from edgeflash.errors import ModelFormatError, UnsupportedModelError
+from edgeflash.base.errors import ModelFormatError, UnsupportedModelError
+from edgeflash.kernels.formats import FORMATS
 from edgeflash.runtime.bundle.layout import (
     BLOCK_ALIGNMENT,
     BLOCK_KINDS,
@@ -27,7 +27,6 @@ from edgeflash.runtime.bundle.layout import (
     WEIGHTS_FILE,
 )
 from edgeflash.runtime.bundle.packed import unpack_array
-from edgeflash.runtime.formats import FORMATS
 
 
 @dataclass(frozen=True)
@@ -223,7 +222,7 @@ def _parse_block(c: _Checker, b: Any, field: str, weights_size: int) -> BlockEnt
 
 
 def _parse_arena(c: _Checker, a: Any, field: str, block: str, data_nbytes: int) -> ArenaEntry:
-    from edgeflash.runtime.formats import get_format
+    from edgeflash.kernels.formats import get_format
 
     layer = c.non_negative(a, "layer", f"{field}.layer")
     n = c.non_negative(a, "n_neurons", f"{field}.n_neurons")
@@ -266,7 +265,7 @@ def _parse_arena(c: _Checker, a: Any, field: str, block: str, data_nbytes: int) 
 
 
 def _parse_tensor(c: _Checker, t: Any, field: str, blocks: dict[str, BlockEntry]) -> TensorEntry:
-    from edgeflash.runtime.formats import get_format
+    from edgeflash.kernels.formats import get_format
 
     name = c.get(t, "name", str, f"{field}.name")
     block_name = c.get(t, "block", str, f"{field}.block")

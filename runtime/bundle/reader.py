@@ -21,8 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-
-from edgeflash.errors import IntegrityError, ModelFormatError
+from edgeflash.base.errors import IntegrityError, ModelFormatError
 from edgeflash.runtime.bundle.layout import MANIFEST_FILE, TOKENIZER_FILE, TOKENIZER_TABLES_FILE, WEIGHTS_FILE
 from edgeflash.runtime.bundle.manifest import ArenaEntry, BlockEntry, Manifest, TensorEntry, parse_manifest
 from edgeflash.runtime.bundle.packed import is_packed, unpack_array

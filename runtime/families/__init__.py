@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from types import ModuleType
 
-from edgeflash.errors import UnsupportedModelError
+from edgeflash.base.errors import UnsupportedModelError
 from edgeflash.runtime.families import gemma3, llama
 
 FAMILIES: dict[str, ModuleType] = {"llama": llama, "gemma3": gemma3}

@@ -5,8 +5,7 @@ from __future__ import annotations
 from typing import Any, Protocol
 
 import numpy as np
-
-from edgeflash.errors import ModelFormatError, UnsupportedModelError
+from edgeflash.base.errors import ModelFormatError, UnsupportedModelError
 from edgeflash.runtime.spec import ModelSpec
 from edgeflash.runtime.tensors import Tensor
 

@@ -12,10 +12,17 @@ import re
 from typing import Any
 
 import numpy as np
-
 from edgeflash.runtime.families.common import (
-    ForwardContext, LayerWeights, Ops, attention_sublayer, config_get, ffn_sublayer, hf_rope_parameters,
-    meta_get, rope_scaling_from_gguf, rope_scaling_from_hf,
+    ForwardContext,
+    LayerWeights,
+    Ops,
+    attention_sublayer,
+    config_get,
+    ffn_sublayer,
+    hf_rope_parameters,
+    meta_get,
+    rope_scaling_from_gguf,
+    rope_scaling_from_hf,
 )
 from edgeflash.runtime.spec import ModelSpec
 from edgeflash.runtime.tensors import Tensor
@@ -81,7 +88,7 @@ def spec_from_hf(config: dict[str, Any], where: str = "config.json") -> ModelSpe
         scaling["layers"] = "full"
     act = config.get("hidden_activation") or config.get("hidden_act") or "gelu_pytorch_tanh"
     if act not in ("gelu_pytorch_tanh", "gelu_tanh"):
-        from edgeflash.errors import UnsupportedModelError
+        from edgeflash.base.errors import UnsupportedModelError
 
         raise UnsupportedModelError(f"{where}: hidden_activation {act!r} is not supported for gemma3 (gelu_pytorch_tanh)")
     return ModelSpec(

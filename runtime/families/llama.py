@@ -9,10 +9,17 @@ import re
 from typing import Any
 
 import numpy as np
-
 from edgeflash.runtime.families.common import (
-    ForwardContext, LayerWeights, Ops, attention_sublayer, config_get, ffn_sublayer, hf_rope_parameters,
-    meta_get, rope_scaling_from_gguf, rope_scaling_from_hf,
+    ForwardContext,
+    LayerWeights,
+    Ops,
+    attention_sublayer,
+    config_get,
+    ffn_sublayer,
+    hf_rope_parameters,
+    meta_get,
+    rope_scaling_from_gguf,
+    rope_scaling_from_hf,
 )
 from edgeflash.runtime.spec import ModelSpec
 from edgeflash.runtime.tensors import Tensor
@@ -85,7 +92,7 @@ def spec_from_hf(config: dict[str, Any], where: str = "config.json") -> ModelSpe
 
 
 def _activation(name: str, where: str) -> str:
-    from edgeflash.errors import UnsupportedModelError
+    from edgeflash.base.errors import UnsupportedModelError
 
     if name in ("silu", "swish"):
         return "silu"

@@ -35,57 +35,97 @@ KvCache Engine::LayerCache::view() {
   return c;
 }
 
+std::pair<int64_t, int64_t> slot_dims(const ModelShape& s, Slot slot) {
+  const int64_t qd = s.n_heads * s.head_dim, kd = s.n_kv_heads * s.head_dim;
+  switch (slot) {
+    case Slot::q: return {qd, s.d_model};
+    case Slot::k: case Slot::v: return {kd, s.d_model};
+    case Slot::o: return {s.d_model, qd};
+    case Slot::gate: case Slot::up: return {s.d_ff, s.d_model};
+    case Slot::down: return {s.d_model, s.d_ff};
+    case Slot::pred_a: return {-1, s.d_model};
+    case Slot::pred_b: return {s.d_ff, -1};
+    case Slot::attn_norm: case Slot::ffn_norm: case Slot::post_attn_norm: case Slot::post_ffn_norm:
+      return {s.d_model, 1};
+    case Slot::q_norm: case Slot::k_norm: return {s.head_dim, 1};
+    case Slot::q_bias: return {qd, 1};
+    case Slot::k_bias: case Slot::v_bias: return {kd, 1};
+    default: throw engine_error("unknown layer slot");
+  }
+}
+
+BufferSizes buffer_sizes(const ModelShape& shape, const std::vector<LayerShape>& layers, const EngineOptions& options) {
+  BufferSizes z;
+  const int64_t b = options.max_batch;
+  z.kv_row = kv_row_bytes(options.kv_format, shape.head_dim);
+  int64_t max_capacity = 0;
+  for (const LayerShape& ls : layers) {
+    // A sliding layer keeps its window plus room for one batch of new tokens (a ring buffer).
+    const int64_t cap = ls.window ? std::min(options.context, ls.window + b) : options.context;
+    z.kv_capacity.push_back(cap);
+    max_capacity = std::max(max_capacity, cap);
+  }
+  z.x = b * shape.d_model;
+  z.q = b * shape.n_heads * shape.head_dim;
+  z.kv = b * shape.n_kv_heads * shape.head_dim;
+  z.ffn = b * shape.d_ff;
+  z.max_cols = std::max({shape.d_model, shape.n_heads * shape.head_dim, shape.d_ff});
+  const int64_t head_rows = std::min(shape.vocab, options.head_chunk);
+  const int64_t max_rows = std::max(z.max_cols, head_rows);
+  z.act2 = 2 * b * z.max_cols;  // q8x2: activations and their residuals
+  z.out2 = 2 * b * max_rows;
+  z.head_part = b * head_rows;
+  z.mask = b * max_capacity;
+  z.quantized_acts = QuantizedActs::bytes_for(2 * b, z.max_cols);
+  return z;
+}
+
+EngineMemory plan_memory(const ModelShape& shape, const std::vector<LayerShape>& layers, const EngineOptions& options) {
+  const BufferSizes z = buffer_sizes(shape, layers, options);
+  EngineMemory m;
+  for (const int64_t cap : z.kv_capacity)
+    m.kv_cache += 2 * static_cast<size_t>(shape.n_kv_heads * cap) * z.kv_row + static_cast<size_t>(cap) * sizeof(int32_t);
+  // x, h, sel: [b, d_model]; q, attn: [b, q]; k, v: [b, kv]; gate, up: [b, d_ff]; slots: [b] int32
+  const int64_t floats = 3 * z.x + 2 * z.q + 2 * z.kv + 2 * z.ffn + z.act2 + z.out2 + z.head_part;
+  m.activations = static_cast<size_t>(floats) * sizeof(float) + static_cast<size_t>(z.mask) + z.quantized_acts +
+                  static_cast<size_t>(options.max_batch) * sizeof(int32_t);
+  return m;
+}
+
 Engine::Engine(const ModelShape& shape, std::vector<LayerShape> layers, const EngineOptions& options)
     : shape_(shape), layer_shapes_(std::move(layers)), options_(options) {
   if (static_cast<int64_t>(layer_shapes_.size()) != shape_.n_layers)
     throw engine_error("got " + std::to_string(layer_shapes_.size()) + " layer shapes for " +
                        std::to_string(shape_.n_layers) + " layers");
   if (options_.max_batch < 1 || options_.context < 2) throw engine_error("max_batch >= 1 and context >= 2 are required");
+  if (options_.head_chunk < 1) throw engine_error("head_chunk must be at least 1 row");
+  if (options_.kv_format != Format::f16 && options_.kv_format != Format::q8_0)
+    throw engine_error("the KV cache format must be f16 or q8_0");
   if (shape_.n_heads % shape_.n_kv_heads) throw engine_error("n_heads must be a multiple of n_kv_heads");
-  const size_t row = kv_row_bytes(options_.kv_format, shape_.head_dim);
-  for (const LayerShape& ls : layer_shapes_) {
+  // Every buffer the forward pass may use, allocated now with the sizes plan_memory counts:
+  // nothing grows while the model runs (a budgeted run plans with these numbers).
+  const BufferSizes z = buffer_sizes(shape_, layer_shapes_, options_);
+  for (const int64_t cap : z.kv_capacity) {
     LayerCache c;
-    // A sliding layer keeps its window plus room for one batch of new tokens (a ring buffer).
-    c.capacity = ls.window ? std::min(options_.context, ls.window + options_.max_batch) : options_.context;
-    c.k.assign(static_cast<size_t>(shape_.n_kv_heads * c.capacity) * row, 0);
+    c.capacity = cap;
+    c.k.assign(static_cast<size_t>(shape_.n_kv_heads * cap) * z.kv_row, 0);
     c.v.assign(c.k.size(), 0);
-    c.slot_pos.assign(static_cast<size_t>(c.capacity), -1);
+    c.slot_pos.assign(static_cast<size_t>(cap), -1);
     caches_.push_back(std::move(c));
   }
-  const int64_t b = options_.max_batch;
-  x_.resize(b * shape_.d_model);
-  h_.resize(b * shape_.d_model);
-  q_.resize(b * shape_.n_heads * shape_.head_dim);
-  k_.resize(b * shape_.n_kv_heads * shape_.head_dim);
-  v_.resize(k_.size());
-  attn_.resize(q_.size());
-  gate_.resize(b * shape_.d_ff);
-  up_.resize(b * shape_.d_ff);
-  sel_.resize(b * shape_.d_model);
-  slots_.resize(b);
-  // Every buffer the forward pass may use, allocated now: memory() is then exact and nothing
-  // grows while the model runs (a budgeted run plans with these numbers).
-  const int64_t max_cols = std::max({shape_.d_model, shape_.n_heads * shape_.head_dim, shape_.d_ff});
-  const int64_t max_rows = std::max({max_cols, std::min(shape_.vocab, options_.head_chunk)});
-  act2_.resize(static_cast<size_t>(2 * b * max_cols));
-  out2_.resize(static_cast<size_t>(2 * b * max_rows));
-  head_part_.resize(static_cast<size_t>(b * std::min(shape_.vocab, options_.head_chunk)));
-  int64_t max_capacity = 0;
-  for (const LayerCache& c : caches_) max_capacity = std::max(max_capacity, c.capacity);
-  mask_.reserve(static_cast<size_t>(b * max_capacity));
-  std::fill(act2_.begin(), act2_.end(), 0.0f);
-  xq_.quantize(act2_.data(), 2 * b, max_cols);  // sizes the quantized-activation buffers
-  xq_bytes_ = static_cast<size_t>(2 * b * max_cols) * 19 / 8;  // int8 codes + scales, sums, broadcast scales
+  for (auto* buf : {&x_, &h_, &sel_}) buf->resize(z.x);
+  for (auto* buf : {&q_, &attn_}) buf->resize(z.q);
+  for (auto* buf : {&k_, &v_}) buf->resize(z.kv);
+  for (auto* buf : {&gate_, &up_}) buf->resize(z.ffn);
+  slots_.resize(options_.max_batch);
+  act2_.assign(z.act2, 0.0f);
+  out2_.resize(z.out2);
+  head_part_.resize(z.head_part);
+  mask_.reserve(z.mask);
+  xq_.quantize(act2_.data(), 2 * options_.max_batch, z.max_cols);  // sizes the quantized-activation buffers
 }
 
-EngineMemory Engine::memory() const {
-  EngineMemory m;
-  for (const LayerCache& c : caches_) m.kv_cache += c.k.size() + c.v.size() + c.slot_pos.size() * 4;
-  for (const auto* buf : {&x_, &h_, &q_, &k_, &v_, &attn_, &gate_, &up_, &sel_, &act2_, &out2_, &head_part_})
-    m.activations += buf->capacity() * 4;
-  m.activations += mask_.capacity() + xq_bytes_ + slots_.capacity() * 4;
-  return m;
-}
+EngineMemory Engine::memory() const { return plan_memory(shape_, layer_shapes_, options_); }
 
 void Engine::linear(const WeightMatrix& w, const float* x, QuantizedActs& xq, bool xq_ready, int64_t n, float* y) {
   if (!quantized(w) || options_.act_mode == ActMode::f32) {

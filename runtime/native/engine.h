@@ -3,15 +3,18 @@
 // spec flags describe (llama and gemma3 families); the numpy reference runtime is its oracle.
 //
 // Weights are borrowed: the caller keeps every buffer alive (the Python wrapper holds them).
-// Per-layer weights come from a LayerSource, so they may be resident or arrive from flash.
+// Per-layer weights come from a LayerSource (memory/native/layer_source.h), so they may be
+// resident or arrive from flash.
 #pragma once
 
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "edgeflash/kernels.h"
+#include "layer_source.h"
 
 namespace ef::engine {
 
@@ -33,44 +36,6 @@ struct LayerShape {
   float theta_base = 10000.0f;
 };
 
-// Everything one block reads. Vectors (norms, biases) are f32; null when the model has none.
-struct LayerWeights {
-  WeightMatrix q, k, v, o, gate, up, down;
-  WeightMatrix pred_a, pred_b;  // sparse mode's neuron predictor: [rank, d_model], [d_ff, rank]
-  const float* attn_norm = nullptr;
-  const float* ffn_norm = nullptr;
-  const float* post_attn_norm = nullptr;
-  const float* post_ffn_norm = nullptr;
-  const float* q_norm = nullptr;
-  const float* k_norm = nullptr;
-  const float* q_bias = nullptr;
-  const float* k_bias = nullptr;
-  const float* v_bias = nullptr;
-};
-
-// Where a layer's weights come from. `acquire` may block until they are in memory (streamed
-// from flash); `release` says the forward pass is done with them for this call.
-class LayerSource {
- public:
-  virtual ~LayerSource() = default;
-  virtual const LayerWeights& acquire(int64_t layer) = 0;
-  virtual void release(int64_t layer) {}
-  // A forward pass starts; `needs_head` says whether it will compute logits (a streaming source
-  // uses it to plan what to read next).
-  virtual void begin_pass(bool needs_head) {}
-};
-
-// All layers resident: acquire is a lookup.
-class ResidentLayers : public LayerSource {
- public:
-  explicit ResidentLayers(int64_t n_layers) : layers_(n_layers) {}
-  LayerWeights& at(int64_t layer) { return layers_.at(layer); }
-  const LayerWeights& acquire(int64_t layer) override { return layers_.at(layer); }
-
- private:
-  std::vector<LayerWeights> layers_;
-};
-
 // How activations meet quantized weights.
 //   q8:   ggml-style Q8 blocks of 32 and integer dot products (fastest; ~1% relative error per
 //         matmul, enough to flip near-tied top-1 tokens a few percent of the time).
@@ -78,34 +43,6 @@ class ResidentLayers : public LayerSource {
 //         of the same small GEMM, so each weight byte is still read once; about 16-bit accuracy.
 //   f32:  weights dequantized to f32 (exact, slowest).
 enum class ActMode { q8, q8x2, f32 };
-
-// Where the output head's rows come from when it is not one resident matrix: chunks of rows
-// (for example streamed from flash, the next chunk loading while this one computes).
-class HeadSource {
- public:
-  virtual ~HeadSource() = default;
-  virtual int64_t n_chunks() = 0;
-  // Rows [first_row, first_row + chunk.rows) of the head.
-  virtual const WeightMatrix& acquire_chunk(int64_t chunk, int64_t* first_row) = 0;
-  virtual void release_chunk(int64_t chunk) {}
-};
-
-// A replacement for a layer's dense feed-forward (approximate mode: only predicted-active neurons,
-// from a windowed neuron cache). `active(layer)` says whether it handles that layer.
-class FfnHook {
- public:
-  virtual ~FfnHook() = default;
-  virtual bool active(int64_t layer) const = 0;
-  // x: [n, d_model] the normed FFN input; out: [n, d_model] the FFN output (before post-norm).
-  virtual void compute(int64_t layer, const LayerWeights& w, const float* x, int64_t n, float* out) = 0;
-};
-
-// Where embedding rows come from when the table is not resident (read on demand).
-class EmbeddingSource {
- public:
-  virtual ~EmbeddingSource() = default;
-  virtual void rows(const int32_t* tokens, int64_t n, float* out) = 0;  // out: [n, d_model] f32
-};
 
 struct EngineOptions {
   int64_t context = 4096;     // positions the cache can hold (global layers)
@@ -120,6 +57,23 @@ struct EngineMemory {
   size_t kv_cache = 0;
   size_t activations = 0;
 };
+
+// Element counts of the engine's buffers for a shape and options: the one computation of the
+// engine's memory. The constructor allocates exactly these; planners call plan_memory before any
+// engine exists (a budget is split before weights load, a drafter's reserve before it is built).
+struct BufferSizes {
+  std::vector<int64_t> kv_capacity;  // per layer: cached positions (a sliding layer keeps a ring)
+  size_t kv_row = 0;                 // bytes of one cached key (or value) vector of one head
+  int64_t x = 0, q = 0, kv = 0, ffn = 0, act2 = 0, out2 = 0, head_part = 0, mask = 0;  // floats / bytes
+  int64_t max_cols = 0;              // widest activation row that is quantized
+  size_t quantized_acts = 0;         // bytes of the Q8 activation buffers (QuantizedActs)
+};
+// Rows and columns a layer slot's tensor has in a model of this shape (a vector is {length, 1};
+// -1: any positive size, a predictor's rank).
+std::pair<int64_t, int64_t> slot_dims(const ModelShape& shape, Slot slot);
+
+BufferSizes buffer_sizes(const ModelShape& shape, const std::vector<LayerShape>& layers, const EngineOptions& options);
+EngineMemory plan_memory(const ModelShape& shape, const std::vector<LayerShape>& layers, const EngineOptions& options);
 
 class Engine {
  public:
@@ -196,7 +150,6 @@ class Engine {
   std::vector<float> x_, h_, q_, k_, v_, attn_, gate_, up_, sel_;
   std::vector<float> act2_, out2_;  // q8x2: [activations; residuals] and the doubled GEMM output
   std::vector<float> head_part_;    // logits of one head chunk for several rows
-  size_t xq_bytes_ = 0;             // what xq_ holds at most
   std::vector<int32_t> slots_;
   std::vector<uint8_t> mask_;
   QuantizedActs xq_;

@@ -4,7 +4,6 @@ every kernel is then checked inside a real model against the numpy op it replace
 from __future__ import annotations
 
 import numpy as np
-
 from edgeflash.runtime.reference.ops import NumpyOps
 from edgeflash.runtime.tensors import Tensor
 
@@ -23,7 +22,7 @@ class KernelOps(NumpyOps):
         unknown = set(use) - set(KERNEL_OPS)
         if unknown:
             raise ValueError(f"unknown kernel ops {sorted(unknown)}; choose from {KERNEL_OPS}")
-        from edgeflash import kernels
+        import edgeflash.kernels as kernels
 
         self.k, self.use, self.precise = kernels, set(use), precise
         self._vectors: dict[int, np.ndarray] = {}

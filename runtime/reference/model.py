@@ -5,8 +5,7 @@ from __future__ import annotations
 from typing import Any, Sequence
 
 import numpy as np
-
-from edgeflash.errors import UserError
+from edgeflash.base.errors import UserError
 from edgeflash.runtime.families import family
 from edgeflash.runtime.families.common import LayerWeights
 from edgeflash.runtime.reference.ops import NumpyOps

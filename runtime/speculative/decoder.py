@@ -9,8 +9,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
-
-from edgeflash.errors import UserError
+from edgeflash.base.errors import UserError
 from edgeflash.runtime.sampler import Sampler
 from edgeflash.runtime.speculative.controller import Controller
 from edgeflash.runtime.speculative.drafters import CombinedDrafter, EngineDrafter, LookupDrafter
@@ -151,9 +150,9 @@ def make_drafter(kind: str, engine: Any, *, self_layers: int | None = None, shor
 
 
 def _self_engine(engine: Any, layers: int | None, shortlist: int | None) -> Any:
-    from edgeflash.runtime.speculative.self_draft import DEFAULT_SHORTLIST, SelfDraftEngine
+    from edgeflash.runtime.speculative.self_draft import DEFAULT_SHORTLIST, self_draft_engine
 
-    tensors = getattr(engine, "resident_tensors", None)
+    tensors = getattr(engine.weights, "resident_tensors", None)
     n = engine.spec.n_layers
     layers = layers or max(1, n // 4)
     if tensors is not None:  # a budgeted target: only layers it keeps resident can be shared
@@ -163,7 +162,7 @@ def _self_engine(engine: Any, layers: int | None, shortlist: int | None) -> Any:
         if resident == 0:
             raise UserError("self-drafting needs the first layers resident; this budget keeps none")
         layers = min(layers, resident)
-    return SelfDraftEngine(engine, layers, shortlist or DEFAULT_SHORTLIST, tensors)
+    return self_draft_engine(engine, layers, shortlist or DEFAULT_SHORTLIST, tensors)
 
 
 def _layer_matrices(layer: int) -> list[str]:
@@ -172,9 +171,9 @@ def _layer_matrices(layer: int) -> list[str]:
 
 
 def _draft_model(path: str, target: Any) -> Any:
-    from edgeflash.models import resolve_model
+    from edgeflash.base.models import resolve_model
     from edgeflash.runtime.native_engine import NativeEngine
-    from edgeflash.runtime.source import open_model
+    from edgeflash.runtime.sources import open_model
 
     source = open_model(resolve_model(path))
     if source.spec.vocab_size != target.spec.vocab_size or \

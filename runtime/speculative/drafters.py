@@ -12,7 +12,6 @@ from __future__ import annotations
 from typing import Any, Protocol
 
 import numpy as np
-
 from edgeflash.runtime.speculative.tree import DraftTree
 
 
@@ -117,8 +116,7 @@ class EngineDrafter:
 
     def memory_bytes(self) -> int:
         stats = self.engine.stats()
-        return int(stats.get("kv_cache_bytes", 0)) + int(stats.get("activation_bytes", 0)) + \
-            int(getattr(self.engine, "extra_bytes", 0))
+        return sum(int(stats.get(k, 0)) for k in ("kv_cache_bytes", "activation_bytes", "head_shortlist_bytes"))
 
 
 class CombinedDrafter:

@@ -8,8 +8,7 @@ import dataclasses
 from types import SimpleNamespace
 
 import numpy as np
-
-from edgeflash.errors import UserError
+from edgeflash.base.errors import UserError
 from edgeflash.runtime.native_engine import NativeEngine
 
 DEFAULT_SHORTLIST = 8192
@@ -24,39 +23,48 @@ def frequent_tokens(source, limit: int) -> np.ndarray:
     return np.asarray(ids[:limit], dtype=np.int32)
 
 
-class SelfDraftEngine(NativeEngine):
-    name = "self-draft"
+class SelfDraftWeights:
+    """The draft model's weights: the target's first layers and final norm (shared arrays, no copy),
+    the head rows of the most frequent tokens, and the embedding the way the target reads it."""
 
-    def __init__(self, target: NativeEngine, layers: int, shortlist: int = DEFAULT_SHORTLIST,
-                 tensors: dict | None = None):
+    def __init__(self, target: NativeEngine, tensors: dict, layers: int, ids: np.ndarray):
+        self.tensors = {n: t for n, t in tensors.items()
+                        if n != "output.weight" and (not n.startswith("blk.") or int(n.split(".")[1]) < layers)}
+        self.ids = ids
         spec = target.spec
-        if not 1 <= layers < spec.n_layers:
-            raise UserError(f"self-draft layers = {layers}: expected 1..{spec.n_layers - 1}")
-        tensors = tensors if tensors is not None else target.source.tensors
-        self.ids = frequent_tokens(target.source, shortlist)
         head_name = "token_embd.weight" if spec.tied_embeddings else "output.weight"
         head = target.source.tensors[head_name]
-        if hasattr(target, "read_rows"):  # a budgeted target: direct reads, no memory map
-            self._head_rows = target.read_rows(head_name, self.ids)
+        budgeted = getattr(target.weights, "read_rows", None)
+        if budgeted is not None:  # a budgeted target: direct reads, no memory map
+            self.head_rows = target.weights.read_rows(head_name, ids)
         else:
-            self._head_rows = np.ascontiguousarray(head.take_rows(self.ids).raw)  # just these rows
-        self._head_fmt = head.fmt
-        self._embedding_stream = getattr(target, "embedding_stream", None)
-        draft_spec = dataclasses.replace(spec, n_layers=layers, layer_kinds=spec.layer_kinds[:layers])
-        keep = {n: t for n, t in tensors.items()
-                if not n.startswith("blk.") or int(n.split(".")[1]) < layers}
-        view = SimpleNamespace(spec=draft_spec, tokenizer=target.tokenizer, tensors=keep, path=target.source.path,
-                               weight_bytes=0, info={})
-        self.extra_bytes = self._head_rows.nbytes
-        super().__init__(view, threads=target.threads, context_length=target.context_length,
-                         max_batch=min(target.max_batch, SELF_DRAFT_MAX_BATCH), activations=target.activations,
-                         kv_format=target.kv_format)
+            self.head_rows = np.ascontiguousarray(head.take_rows(ids).raw)  # just these rows
+        self.head_fmt = head.fmt
+        self.embedding_plan = target.weights.embedding_plan() if budgeted is not None else None
 
-    def _load_weights(self) -> None:
-        t = dict(self.source.tensors)
-        t.pop("output.weight", None)
-        self._set_weights(t)  # embedding, layers, final norm
-        if "token_embd.weight" not in t and self._embedding_stream:  # the target reads rows on demand
-            path, direct, embedding = self._embedding_stream
-            self._engine.set_streaming(path, direct, 1, 64 * 1024, [], 1, False, embedding)
-        self._engine.set_head_shortlist(self._head_rows, self._head_fmt, self.ids)
+    def install(self, engine: NativeEngine) -> None:
+        engine.set_tensors(self.tensors)  # embedding, layers, final norm
+        if "token_embd.weight" not in self.tensors and self.embedding_plan is not None:
+            engine._engine.set_streaming(self.embedding_plan)  # the target reads rows on demand
+        engine._engine.set_head_shortlist(self.head_rows, self.head_fmt, self.ids)
+
+    def stats(self, engine: NativeEngine) -> dict:
+        return {"head_shortlist_bytes": self.head_rows.nbytes}
+
+
+def self_draft_engine(target: NativeEngine, layers: int, shortlist: int = DEFAULT_SHORTLIST,
+                      tensors: dict | None = None) -> NativeEngine:
+    """A native engine running the target's first `layers` layers with a shortlist head."""
+    spec = target.spec
+    if not 1 <= layers < spec.n_layers:
+        raise UserError(f"self-draft layers = {layers}: expected 1..{spec.n_layers - 1}")
+    weights = SelfDraftWeights(target, tensors if tensors is not None else target.source.tensors, layers,
+                               frequent_tokens(target.source, shortlist))
+    draft_spec = dataclasses.replace(spec, n_layers=layers, layer_kinds=spec.layer_kinds[:layers])
+    view = SimpleNamespace(spec=draft_spec, tokenizer=target.tokenizer, tensors=weights.tensors,
+                           path=target.source.path, weight_bytes=0, info={})
+    engine = NativeEngine(view, weights=weights, threads=target.threads, context_length=target.context_length,
+                          max_batch=min(target.max_batch, SELF_DRAFT_MAX_BATCH), activations=target.activations,
+                          kv_format=target.kv_format)
+    engine.name = "self-draft"
+    return engine

@@ -9,6 +9,6 @@ library (musl, bionic, macOS) there is no such call and nothing is done.
 
 from __future__ import annotations
 
-from edgeflash.memory.heap import release_free_heap
+from edgeflash.base.heap import release_free_heap
 
 __all__ = ["release_free_heap"]

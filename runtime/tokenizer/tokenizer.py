@@ -173,7 +173,7 @@ class Tokenizer:
 
     @classmethod
     def from_gguf_metadata(cls, meta: dict[str, Any]) -> Tokenizer:
-        """`meta` as returned by `edgeflash.export.sources.gguf.read_metadata`."""
+        """`meta` as returned by `edgeflash.runtime.sources.gguf.read_metadata`."""
         return cls._from_packed(_build(spec_from_gguf(meta)))
 
     @classmethod

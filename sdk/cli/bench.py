@@ -13,8 +13,8 @@ import sys
 import time
 from pathlib import Path
 
+from edgeflash.base.errors import UserError
 from edgeflash.cli.args import non_negative_int, positive_int
-from edgeflash.errors import UserError
 
 HELP = "benchmark the kernels, the engine, or edgeflash against llama.cpp and ExecuTorch"
 DESCRIPTION = """Benchmarks (not tests). Subjects:

@@ -10,6 +10,7 @@ import argparse
 import sys
 from typing import Any, TextIO
 
+from edgeflash.base.errors import UserError
 from edgeflash.cli.args import (
     add_model_options,
     add_sampling_options,
@@ -17,7 +18,6 @@ from edgeflash.cli.args import (
     positive_int,
     sampling_kwargs,
 )
-from edgeflash.errors import UserError
 
 HELP = "chat with a model in the terminal"
 DESCRIPTION = """Chat with MODEL in the terminal: each reply streams as it is generated and the
@@ -90,7 +90,7 @@ class ChatSession:
             self.generated_tokens += stats.get("generated_tokens", 0)
 
     def stats_text(self) -> str:
-        from edgeflash.memory.rss import current_rss_bytes, peak_rss_bytes
+        from edgeflash.base.rss import current_rss_bytes, peak_rss_bytes
 
         lines = []
         s = self.last_stats

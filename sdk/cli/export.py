@@ -8,8 +8,8 @@ import json
 import sys
 from pathlib import Path
 
+from edgeflash.base.errors import UserError
 from edgeflash.cli.args import non_negative_int, positive_int
-from edgeflash.errors import UserError
 
 HELP = "export a model to an edgeflash bundle, ExecuTorch, ONNX or Core ML"
 DESCRIPTION = """Export SOURCE (a GGUF file, a Hugging Face directory or a model alias) to the bundle

@@ -8,8 +8,14 @@ import sys
 import time
 from pathlib import Path
 
-from edgeflash.cli.args import add_model_options, add_sampling_options, load_kwargs, non_negative_int, sampling_kwargs
-from edgeflash.errors import UserError
+from edgeflash.base.errors import UserError
+from edgeflash.cli.args import (
+    add_model_options,
+    add_sampling_options,
+    load_kwargs,
+    non_negative_int,
+    sampling_kwargs,
+)
 
 HELP = "generate text from a prompt"
 DESCRIPTION = """Generate a continuation of PROMPT and stream it to stdout.

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import sys
 
+from edgeflash.base.errors import UserError
 from edgeflash.cli import bench, chat, export, generate, inspect, probe_io, serve
 from edgeflash.cli.args import OneLineParser
-from edgeflash.errors import UserError
 
 SUBCOMMANDS = [generate, chat, serve, export, inspect, bench, probe_io]
 
@@ -14,7 +14,7 @@ SUBCOMMANDS = [generate, chat, serve, export, inspect, bench, probe_io]
 def build_parser() -> OneLineParser:
     parser = OneLineParser(prog="edgeflash",
                            description="Run language models on devices whose memory is smaller than the model.")
-    from edgeflash import __version__
+    from edgeflash.base import __version__
 
     parser.add_argument("--version", action="version", version=f"edgeflash {__version__}")
     sub = parser.add_subparsers(title="commands", metavar="COMMAND", parser_class=OneLineParser)

@@ -5,8 +5,8 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from edgeflash.base.errors import UserError
 from edgeflash.cli.args import positive_int
-from edgeflash.errors import UserError
 
 HELP = "measure storage read throughput by chunk size and reads in flight"
 DESCRIPTION = """Read a file with direct I/O (no page cache) for every chunk size and queue depth,
@@ -31,8 +31,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from edgeflash.base.models import resolve_model
     from edgeflash.memory.io_profile import probe, save
-    from edgeflash.models import resolve_model
 
     path = args.file or resolve_model(args.model)
     if path.is_dir():

@@ -63,7 +63,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 def default_model_id(model: str) -> str:
     """A name without spaces for /v1/models: the GGUF file's stem, or the folder's name."""
-    from edgeflash.models import resolve_model
+    from edgeflash.base.models import resolve_model
 
     path = resolve_model(model)
     return path.stem if path.suffix.lower() == ".gguf" else path.resolve().name

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from edgeflash.errors import UserError
+from edgeflash.base.errors import UserError
 
 
 @dataclass

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 from urllib.parse import unquote
 
-from edgeflash import __version__
+from edgeflash.base import __version__
 from edgeflash.server.errors import ApiError, invalid, server_error
 from edgeflash.server.responses import ResponseIds, chunk, full_response, usage_chunk
 from edgeflash.server.validate import parse_chat, parse_completion

@@ -5,7 +5,7 @@ from __future__ import annotations
 import ipaddress
 import socket
 
-from edgeflash.errors import UserError
+from edgeflash.base.errors import UserError
 
 
 def resolve_bind_address(host: str, port: int) -> tuple[socket.AddressFamily, str]:

@@ -9,9 +9,9 @@ import time
 from http.server import ThreadingHTTPServer
 from typing import Any
 
-from edgeflash import __version__
-from edgeflash.errors import UserError
-from edgeflash.memory.rss import current_rss_bytes, peak_rss_bytes
+from edgeflash.base import __version__
+from edgeflash.base.errors import UserError
+from edgeflash.base.rss import current_rss_bytes, peak_rss_bytes
 from edgeflash.server.config import ServerConfig
 from edgeflash.server.handler import Handler
 from edgeflash.server.network import is_loopback, resolve_bind_address

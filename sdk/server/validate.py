@@ -12,7 +12,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from edgeflash.errors import UserError
+from edgeflash.base.errors import UserError
 from edgeflash.server.config import ServerConfig
 from edgeflash.server.errors import ApiError, invalid
 

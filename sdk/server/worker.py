@@ -15,8 +15,8 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
-from edgeflash.errors import UserError
-from edgeflash.memory.rss import current_rss_bytes
+from edgeflash.base.errors import UserError
+from edgeflash.base.rss import current_rss_bytes
 from edgeflash.server.errors import ApiError, invalid, server_error
 from edgeflash.server.validate import GenerationRequest
 

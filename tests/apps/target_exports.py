@@ -13,7 +13,7 @@ def write_export(out: Path, source, target: str, kv: str, chunks: int, cache_len
     import importlib
 
     from edgeflash.export import targets
-    from edgeflash.export.pipeline import resolve_config
+    from edgeflash.export.quant import resolve_config
     from edgeflash.export.targets.chunks import TOKENIZER_FILE, chunk_io, plan_chunks, write_manifest
 
     spec = source.spec

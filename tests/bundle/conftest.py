@@ -14,9 +14,8 @@ FAST = {"calibration_tokens": 128, "window_tokens": 64, "eval_tokens": 64, "pred
 @pytest.fixture(scope="session")
 def tiny_model(tmp_path_factory, smollm_path):
     """(random 3-layer Llama with SmolLM2's vocabulary, SmolLM2's tokenizer read from its GGUF)."""
-    from tiny_models import build_tiny_model
-
     from edgeflash.export.sources.torch_module import resolve_tokenizer
+    from tiny_models import build_tiny_model
 
     tok = resolve_tokenizer(smollm_path)
     no_files = tmp_path_factory.mktemp("no-tokenizer-files")  # the bundle gets `tok`, not HF files

@@ -3,10 +3,9 @@ windowed neuron cache, at the smallest budget each configuration accepts (so wei
 
 from __future__ import annotations
 
+import edgeflash as ef
 import numpy as np
 import pytest
-
-import edgeflash as ef
 
 PROMPT = "To be, or not to be, that is the question"
 SHORTLIST = 32
@@ -47,7 +46,7 @@ def test_neuron_cache_window_keeps_neurons_and_reads_less(tiny_bundle_dir, promp
     runs = {}
     for window in (0, 4):
         model, _ = smallest_load(tiny_bundle_dir, sparsity=0.5, window=window)
-        plan = model.engine.plan
+        plan = model.engine.weights.plan
         # The dense FFN is never read: neither resident nor streamed; its neurons come from the arenas.
         assert not [g for g in plan.resident + plan.streamed if g.endswith(".ffn")], plan.describe()
         runs[window] = model.generate(prompt_ids, max_tokens=8).stats

@@ -6,8 +6,7 @@ import json
 import os
 
 import pytest
-
-from edgeflash.errors import IntegrityError, ModelFormatError, UnsupportedModelError
+from edgeflash.base.errors import IntegrityError, ModelFormatError, UnsupportedModelError
 from edgeflash.runtime.bundle import Bundle, load_bundle
 from edgeflash.runtime.bundle.packed import is_packed, pack_array, unpack_array
 

@@ -7,7 +7,6 @@ import json
 
 import numpy as np
 import pytest
-
 from edgeflash.export.quantize import sqnr_db
 from edgeflash.runtime.bundle import BLOCK_ALIGNMENT, TENSOR_ALIGNMENT, Bundle, load_bundle
 from edgeflash.runtime.bundle.packed import unpack_array
@@ -69,7 +68,7 @@ def test_read_block_into_matches_the_map(tiny_bundle_dir):
 
 
 def test_arena_holds_neurons_hot_first(tiny_bundle_dir):
-    from edgeflash import kernels
+    import edgeflash.kernels as kernels
 
     source = load_bundle(tiny_bundle_dir)
     b = source.info["bundle"]

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-
 from edgeflash.runtime.bundle.packed import is_packed, pack_array, unpack_array
 
 

@@ -11,7 +11,7 @@ WINDOW = 256
 
 @pytest.fixture(scope="session")
 def smol(smollm_path):
-    from edgeflash.export.sources.gguf import load_gguf
+    from edgeflash.runtime.sources.gguf import load_gguf
 
     return load_gguf(smollm_path)
 

@@ -14,10 +14,9 @@ import time
 from pathlib import Path
 
 import pytest
-
-from edgeflash.errors import ModelFormatError
+from edgeflash.base.errors import ModelFormatError
 from edgeflash.runtime.bundle import load_bundle
-from edgeflash.runtime.source import open_model
+from edgeflash.runtime.sources import open_model
 
 # the cheapest export that still runs every stage: nothing to quantize, no arenas, little text
 SMALL = ["--quant", "keep", "--no-neuron-arena", "--calibration-tokens", "64", "--window", "32", "--eval-tokens", "0",

@@ -5,7 +5,6 @@ generates text."""
 from __future__ import annotations
 
 import numpy as np
-
 from edgeflash.export import export
 from edgeflash.export.ops import FastOps
 from edgeflash.runtime.bundle import load_bundle

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-
 from edgeflash.export.evaluate import perplexity
 from edgeflash.export.ops import FastOps
 from edgeflash.export.partition import build_arena, plan_blocks

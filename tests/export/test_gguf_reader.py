@@ -4,10 +4,9 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-
-from edgeflash.errors import ModelFormatError, UnsupportedModelError
-from edgeflash.export.sources.gguf import GGUFFile
-from edgeflash.runtime.formats import FORMAT_BY_GGML_TYPE
+from edgeflash.base.errors import ModelFormatError, UnsupportedModelError
+from edgeflash.kernels.formats import FORMAT_BY_GGML_TYPE
+from edgeflash.runtime.sources.gguf import GGUFFile
 
 
 @pytest.mark.parametrize("alias", ["gemma3-270m", "smollm2-135m"])

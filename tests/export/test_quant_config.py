@@ -3,8 +3,7 @@
 from __future__ import annotations
 
 import pytest
-
-from edgeflash.errors import UserError
+from edgeflash.base.errors import UserError
 from edgeflash.export.quant import QuantConfig, QuantConfigError, Rule, get_scheme, list_schemes, role_of
 
 

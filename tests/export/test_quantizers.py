@@ -5,10 +5,9 @@ from __future__ import annotations
 
 import math
 
+import edgeflash.kernels as kernels
 import numpy as np
 import pytest
-
-from edgeflash import kernels
 from edgeflash.export.quant import quantize_matrix
 from edgeflash.export.quant.q4_k import quantize_q4_k
 from edgeflash.export.quant.q4_lut import quantize_q4_lut
@@ -18,14 +17,14 @@ from edgeflash.runtime.tensors import dequantize_raw
 
 @pytest.fixture(scope="module")
 def smol_tensors(smollm_path):
-    from edgeflash.export.sources.gguf import load_gguf
+    from edgeflash.runtime.sources.gguf import load_gguf
 
     return load_gguf(smollm_path).tensors
 
 
 @pytest.fixture(scope="module")
 def gemma_tensors(gemma_path):
-    from edgeflash.export.sources.gguf import load_gguf
+    from edgeflash.runtime.sources.gguf import load_gguf
 
     return load_gguf(gemma_path).tensors
 

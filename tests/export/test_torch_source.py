@@ -10,7 +10,7 @@ torch = pytest.importorskip("torch", reason="exporting a torch module needs torc
 transformers = pytest.importorskip("transformers")
 
 import edgeflash as ef
-from edgeflash.errors import UserError
+from edgeflash.base.errors import UserError
 from edgeflash.runtime.bundle import load_bundle
 from edgeflash.runtime.reference import ReferenceEngine
 

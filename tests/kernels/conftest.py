@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
+import edgeflash.kernels as K
 import numpy as np
 import pytest
-
-import edgeflash.kernels as K
 
 
 @pytest.fixture(params=K.available_isas())

@@ -11,9 +11,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
-
 import edgeflash.kernels as K
+import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 TOOLCHAIN = ROOT / "kernels/cmake/aarch64-linux-gnu.cmake"

@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
+import edgeflash.kernels as K
 import numpy as np
 import pytest
-
-import edgeflash.kernels as K
 
 
 @pytest.mark.parametrize("d", [1, 7, 640, 1001])

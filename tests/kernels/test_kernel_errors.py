@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
+import edgeflash.kernels as K
 import numpy as np
 import pytest
-
-import edgeflash.kernels as K
 
 Q = K.quantize(np.ones((4, 64), np.float32), "q4_0")
 X = np.ones((2, 64), np.float32)

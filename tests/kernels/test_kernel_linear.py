@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
+import edgeflash.kernels as K
 import numpy as np
 import pytest
 from gguf import GGMLQuantizationType
 from gguf.quants import quantize as gguf_quantize
-
-import edgeflash.kernels as K
 
 GGML = {"q8_0": GGMLQuantizationType.Q8_0, "q4_0": GGMLQuantizationType.Q4_0, "q4_1": GGMLQuantizationType.Q4_1,
         "q5_0": GGMLQuantizationType.Q5_0}

@@ -4,9 +4,8 @@ from __future__ import annotations
 
 import platform
 
-import numpy as np
-
 import edgeflash.kernels as K
+import numpy as np
 
 
 def test_best_level_is_chosen_and_no_kernel_runs_the_reference():

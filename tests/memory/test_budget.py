@@ -10,13 +10,13 @@ import subprocess
 import sys
 import textwrap
 
-import pytest
-
 import edgeflash as ef
-from edgeflash.errors import ModelFormatError, UserError
+import pytest
+from edgeflash.base.errors import ModelFormatError, UserError
+from edgeflash.base.sizes import parse_size
 from edgeflash.kernels._native import read_pieces
-from edgeflash.memory.planner import BudgetError, kv_cache_bytes, split_reads
-from edgeflash.memory.sizes import parse_size
+from edgeflash.memory.planner import BudgetError, split_reads
+from edgeflash.runtime.native_config import kv_cache_bytes
 
 PROMPT = "The three most useful things to pack for a week of hiking are"
 
@@ -50,7 +50,7 @@ def test_q8_kv_cache_buys_room_under_a_budget():
     and the text stays close to the f16 cache's (greedy, first tokens the same)."""
     runs = {kv: ef.load("smollm2-135m", memory_budget="60MB", context_length=1024, kv_cache=kv)
             for kv in ("f16", "q8_0")}
-    assert runs["q8_0"].engine.plan.resident_bytes > runs["f16"].engine.plan.resident_bytes
+    assert runs["q8_0"].engine.weights.plan.resident_bytes > runs["f16"].engine.weights.plan.resident_bytes
     tokens = {kv: m.generate(PROMPT, max_tokens=8).tokens for kv, m in runs.items()}
     assert tokens["q8_0"][:4] == tokens["f16"][:4]
     with pytest.raises(UserError, match="kv_cache = 'q4'"):
@@ -70,7 +70,7 @@ def test_streamed_units_are_split_across_the_io_threads():
     assert split_reads(1 << 20, 3 << 20, 8, cores=2, units_in_flight=2) == (6, 1 << 20)
     assert split_reads(4 << 20, 2 << 20, 8, cores=2, units_in_flight=2) == (2, 2 << 20)
     m = ef.load("smollm2-135m", memory_budget="60MB", context_length=256)
-    io, unit = m.engine.plan.io, m.engine.plan.unit_bytes
+    io, unit = m.engine.weights.plan.io, m.engine.weights.plan.unit_bytes
     pieces = read_pieces(unit, io.chunk_bytes)  # how the reader cuts the largest unit
     # No I/O thread idles while another still reads: with one unit in flight (two slots) every
     # thread gets as many equal pieces; with more, each unit's pieces are all in flight at once.
@@ -98,7 +98,7 @@ def test_spare_budget_deepens_prefetch():
     past the budget, and none left over that would hold one more slot."""
     from edgeflash.memory.planner import MAX_PREFETCH_SLOTS
 
-    plans = {b: ef.load("gemma3-270m", memory_budget=b, context_length=256).engine.plan for b in ("110MB", "160MB")}
+    plans = {b: ef.load("gemma3-270m", memory_budget=b, context_length=256).engine.weights.plan for b in ("110MB", "160MB")}
     for plan in plans.values():
         unit = plan.staging_bytes // plan.io.slots
         assert plan.total <= plan.budget
@@ -114,15 +114,16 @@ def test_flash_spreads_streamed_layers_through_the_pass(monkeypatch):
     import edgeflash.memory.planner as planner
 
     engine = ef.load("smollm2-135m", memory_budget="100MB", context_length=256, strategy="flash").engine
-    fixed = {k: v for k, v in engine.plan.fixed.items() if k not in ("runtime_reserve", "pinned_weights")}
+    fixed = {k: v for k, v in engine.weights.plan.fixed.items() if k not in ("runtime_reserve", "pinned_weights")}
     n_layers = engine.spec.n_layers
 
     def plans(budget: int) -> tuple:
-        args = (engine.layout, engine.spec, budget, "flash", fixed, 2, 1 << 20)
+        args = (engine.weights.layout, budget, "flash", fixed)
+        io = {"head_chunk_limit": engine.head_chunk, "io_threads": 2, "chunk_bytes": 1 << 20}
         with monkeypatch.context() as m:
             m.setattr(planner, "_spread_streamed", lambda resident, order, groups: set(resident))
-            greedy = planner.make_plan(*args)
-        return planner.make_plan(*args), greedy
+            greedy = planner.make_plan(*args, **io)
+        return planner.make_plan(*args, **io), greedy
 
     checked = 0
     for budget in range(60_000_000, 110_000_000, 5_000_000):
@@ -188,7 +189,7 @@ def test_exact_mode_greedy_equals_unbudgeted(alias, fraction, strategy, model_pa
 RSS_SCRIPT = textwrap.dedent("""
     import json, sys
     import edgeflash as ef
-    from edgeflash.memory.rss import current_rss_bytes, peak_rss_bytes, reset_peak_rss
+    from edgeflash.base.rss import current_rss_bytes, peak_rss_bytes, reset_peak_rss
     alias, budget, strategy, tokens = sys.argv[1], int(sys.argv[2]), sys.argv[3], int(sys.argv[4])
     reset_peak_rss()
     before = current_rss_bytes()

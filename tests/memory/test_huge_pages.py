@@ -9,9 +9,8 @@ import subprocess
 import sys
 import textwrap
 
-import pytest
-
 import edgeflash as ef
+import pytest
 from edgeflash.memory import huge_pages
 from edgeflash.memory.huge_pages import HUGE_PAGE, staging_arena_bytes, transparent_huge_pages
 
@@ -33,7 +32,7 @@ def plans_with_and_without_huge_pages(monkeypatch, model, budget: str, strategy:
     plans = {}
     for available in (False, True):  # left on for the caller
         monkeypatch.setattr(huge_pages, "transparent_huge_pages", lambda: available)
-        plans[available] = ef.load(model, memory_budget=budget, strategy=strategy, context_length=256).engine.plan
+        plans[available] = ef.load(model, memory_budget=budget, strategy=strategy, context_length=256).engine.weights.plan
     return plans[True], plans[False]
 
 
@@ -73,7 +72,7 @@ SMAPS_SCRIPT = textwrap.dedent("""
             elif key == "VmFlags" and "hg" in rest.split():
                 advised += size
                 huge += anon_huge
-    print(json.dumps({"staging": m.engine.plan.staging_bytes, "advised_kb": advised, "huge_kb": huge}))
+    print(json.dumps({"staging": m.engine.weights.plan.staging_bytes, "advised_kb": advised, "huge_kb": huge}))
 """)
 
 
@@ -104,13 +103,13 @@ def test_rounding_never_refuses_a_budget(monkeypatch, smol_bundle):
 
     monkeypatch.setattr(huge_pages, "transparent_huge_pages", lambda: True)
     engine = ef.load(smol_bundle, memory_budget="33MB", strategy="flash", context_length=256).engine
-    fixed = {k: v for k, v in engine.plan.fixed.items() if k != "runtime_reserve"}
-    args = (engine.layout, engine.spec)
+    fixed = {k: v for k, v in engine.weights.plan.fixed.items() if k != "runtime_reserve"}
+    layout, chunk = engine.weights.layout, engine.head_chunk
     with pytest.raises(BudgetError) as refused:
-        make_plan(*args, 20_000_000, "flash", fixed, 2, 1 << 20)
+        make_plan(layout, 20_000_000, "flash", fixed, head_chunk_limit=chunk, io_threads=2, chunk_bytes=1 << 20)
     minimum = refused.value.minimum_bytes
-    plan = make_plan(*args, minimum, "flash", fixed, 2, 1 << 20)
+    plan = make_plan(layout, minimum, "flash", fixed, head_chunk_limit=chunk, io_threads=2, chunk_bytes=1 << 20)
     assert plan.total <= minimum and plan.staging_bytes == plan.io.slots * plan.unit_bytes
     assert plan.staging_bytes % HUGE_PAGE  # rounded, it would not have fit
     with pytest.raises(BudgetError):
-        make_plan(*args, minimum - 1, "flash", fixed, 2, 1 << 20)
+        make_plan(layout, minimum - 1, "flash", fixed, head_chunk_limit=chunk, io_threads=2, chunk_bytes=1 << 20)

@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
-import pytest
-
 import edgeflash as ef
-from edgeflash.errors import UserError
+import pytest
+from edgeflash.base.errors import UserError
 
 
 @pytest.fixture(scope="module", params=["native", "reference"])

@@ -6,11 +6,10 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-
 from edgeflash.export.corpus import heldout_windows
 from edgeflash.runtime.reference import ReferenceEngine
 from edgeflash.runtime.reference.kernel_ops import KERNEL_OPS, KernelOps
-from edgeflash.runtime.source import open_model
+from edgeflash.runtime.sources import open_model
 
 # Relative to the largest |logit|. Each swapped op differs from numpy only in float32 rounding
 # (attention's f16 cache is reproduced by the reference's kv_dtype="f16"), but 18-30 layers

@@ -6,11 +6,10 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-
-from edgeflash.errors import UserError
-from edgeflash.export.sources.hf import load_hf_dir
+from edgeflash.base.errors import UserError
 from edgeflash.runtime.native_engine import NativeEngine
 from edgeflash.runtime.reference import ReferenceEngine
+from edgeflash.runtime.sources.hf import load_hf_dir
 from tiny_models import CASES, build_tiny_model, save_tokenizer
 
 
@@ -106,7 +105,7 @@ def test_head_chunk_changes_buffers_not_logits(tiny_sources):
     full = NativeEngine(source, max_batch=8, context_length=64)
     small = NativeEngine(source, max_batch=8, context_length=64, head_chunk=1000)
     assert np.array_equal(full.forward(prompt, all_logits=True), small.forward(prompt, all_logits=True))
-    assert small._engine.memory()["activations"] < full._engine.memory()["activations"]
+    assert small._engine.memory().activations < full._engine.memory().activations
     with pytest.raises(UserError, match="head_chunk"):
         NativeEngine(source, head_chunk=0)
 
@@ -117,7 +116,7 @@ def test_real_model_agreement_on_heldout_text(alias, model_path):
     positions and the perplexity is within 0.5%, with the default activation mode (q8x2).
     Plain Q8 activations measured 96-97% agreement here: near-tied tokens flip."""
     from edgeflash.export.corpus import heldout_windows
-    from edgeflash.runtime.source import open_model
+    from edgeflash.runtime.sources import open_model
 
     source = open_model(model_path(alias))
     ids = source.tokenizer.encode(heldout_windows(1, chars_per_window=2400, offset_chars=60_000)[0])[:512]
@@ -141,7 +140,7 @@ def test_batch_invariance_prefill_equals_token_by_token(activations, smollm_path
     """Every op computes a token the same way whatever else is in the call: a prompt run as one
     batch and token by token give bit-identical logits. Speculative verification relies on it
     (a drafted token verified inside a tree must score exactly as in plain decoding)."""
-    from edgeflash.runtime.source import open_model
+    from edgeflash.runtime.sources import open_model
 
     source = open_model(smollm_path)
     ids = source.tokenizer.encode("Once upon a time, in a small village by the sea, there lived an old fisherman")

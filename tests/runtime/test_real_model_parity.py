@@ -12,13 +12,13 @@ import pytest
 
 torch = pytest.importorskip("torch", reason="transformers is the oracle; install edgeflash[test]")
 
-from hf_reference import transformers_reference  # noqa: E402
 from edgeflash.export.corpus import heldout_windows  # noqa: E402
 from edgeflash.runtime.generate import Generation  # noqa: E402
 from edgeflash.runtime.reference import ReferenceEngine  # noqa: E402
 from edgeflash.runtime.sampler import SamplingParams  # noqa: E402
-from edgeflash.runtime.source import open_model  # noqa: E402
+from edgeflash.runtime.sources import open_model  # noqa: E402
 from edgeflash.runtime.tokenizer import render_chat  # noqa: E402
+from hf_reference import transformers_reference  # noqa: E402
 
 # Both runtimes compute in fp32 from identically dequantized weights; the remaining difference is
 # summation order. Measured maxima: 3e-5 to 5.5e-4 (888-token Gemma prompt); logits span about +-30.

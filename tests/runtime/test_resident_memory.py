@@ -17,11 +17,13 @@ REAL_MODELS = ("gemma3-270m", "smollm2-135m")  # (conftest modules share one nam
 MEASURE = r"""
 import gc, json, sys
 import edgeflash
-from edgeflash.memory.heap import release_free_heap
-from edgeflash.memory.rss import current_rss_bytes, peak_rss_bytes, reset_peak_rss
-from edgeflash.models import resolve_model
+import edgeflash.api
+from edgeflash.base.heap import release_free_heap
+from edgeflash.base.rss import current_rss_bytes, peak_rss_bytes, reset_peak_rss
+from edgeflash.base.models import resolve_model
+from edgeflash.runtime.loader import LoadedModel
 from edgeflash.runtime.native_engine import NativeEngine
-from edgeflash.runtime.source import open_model
+from edgeflash.runtime.sources import open_model
 
 gc.collect(); release_free_heap()
 before = current_rss_bytes()
@@ -32,7 +34,7 @@ gc.collect(); release_free_heap()
 rewritten = sum(source.tensors[n].nbytes for n in source.info.get("rewritten_tensors", []))
 tokenizer_and_manifest = current_rss_bytes() - before - rewritten
 engine = NativeEngine(source, threads=2, context_length=1024)
-model = edgeflash.api.Model(source, engine)
+model = edgeflash.api.Model(LoadedModel(source, engine, "none"))
 model.generate("Once upon a time, in a land far away, " * 30, max_tokens=48)
 stats = engine.stats()
 print(json.dumps({"peak_delta": peak_rss_bytes() - before, "weights": stats["weight_bytes"],

@@ -4,10 +4,9 @@ budgeted run stays inside its budget with speculation on."""
 
 from __future__ import annotations
 
+import edgeflash as ef
 import numpy as np
 import pytest
-
-import edgeflash as ef
 from edgeflash.export.corpus import heldout_windows
 from edgeflash.runtime.sampler import Sampler, SamplingParams
 from edgeflash.runtime.speculative.decoder import SpeculativeDecoder
@@ -133,13 +132,13 @@ def test_budgeted_run_with_speculation_stays_inside_the_budget(smol_bundle, budg
     script = textwrap.dedent(f"""
         import json
         import edgeflash as ef
-        from edgeflash.memory.rss import current_rss_bytes, peak_rss_bytes, reset_peak_rss
+        from edgeflash.base.rss import current_rss_bytes, peak_rss_bytes, reset_peak_rss
         reset_peak_rss(); before = current_rss_bytes()
         m = ef.load({str(smol_bundle)!r}, memory_budget={budget!r}, **{options!r})
         r = m.generate({GROUNDED!r}, max_tokens=48)
         plain = m.generate({GROUNDED!r}, max_tokens=48, speculative="none")
         print(json.dumps({{"peak": peak_rss_bytes() - before, "passes": r.stats["spec_passes"],
-                          "budget": m.engine.budget, "same": r.tokens == plain.tokens}}))
+                          "budget": m.engine.weights.budget, "same": r.tokens == plain.tokens}}))
     """)
     proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-2000:]

@@ -9,9 +9,8 @@ import pytest
 torch = pytest.importorskip("torch", reason="transformers is the oracle; install edgeflash[test]")
 transformers = pytest.importorskip("transformers")
 
-from edgeflash.export.sources.hf import load_hf_dir  # noqa: E402
 from edgeflash.runtime.reference import ReferenceEngine  # noqa: E402
-
+from edgeflash.runtime.sources.hf import load_hf_dir  # noqa: E402
 from tiny_models import CASES, build_tiny_model, save_tokenizer  # noqa: E402
 
 

@@ -10,7 +10,7 @@ import threading
 import numpy as np
 import pytest
 from edgeflash.export.corpus import heldout_text
-from edgeflash.export.sources.gguf import read_metadata
+from edgeflash.runtime.sources.gguf import read_metadata
 from edgeflash.runtime.tokenizer import Tokenizer
 from edgeflash.runtime.tokenizer.merge_table import MergeTable
 from edgeflash.runtime.tokenizer.packing import pack, unpack

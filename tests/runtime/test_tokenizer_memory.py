@@ -21,8 +21,8 @@ BOUNDS = {"gemma3": 12 * MB, "smollm2": 6 * MB}
 
 _MEASURE = r"""
 import gc, json, sys
-from edgeflash.export.sources.gguf import GGUFFile
-from edgeflash.memory.rss import current_rss_bytes
+from edgeflash.runtime.sources.gguf import GGUFFile
+from edgeflash.base.rss import current_rss_bytes
 from edgeflash.runtime.tokenizer import StreamDecoder, Tokenizer
 
 text = sys.stdin.read()

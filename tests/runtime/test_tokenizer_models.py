@@ -11,7 +11,7 @@ import json
 
 import pytest
 from edgeflash.export.corpus import heldout_text
-from edgeflash.export.sources.gguf import read_metadata
+from edgeflash.runtime.sources.gguf import read_metadata
 from edgeflash.runtime.tokenizer import StreamDecoder, Tokenizer, chat_ids, render_chat
 
 

@@ -15,7 +15,7 @@ import random
 
 import pytest
 from edgeflash.export.corpus import heldout_text
-from edgeflash.export.sources.gguf import read_metadata
+from edgeflash.runtime.sources.gguf import read_metadata
 from edgeflash.runtime.tokenizer import StreamDecoder, Tokenizer, render_chat
 
 SENTENCEPIECE_TOKENS = 20_000

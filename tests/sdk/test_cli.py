@@ -6,8 +6,6 @@ import json
 import subprocess
 import sys
 
-import pytest
-
 
 def run_cli(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "edgeflash.cli.main", *args], capture_output=True, text=True,

@@ -83,7 +83,7 @@ def test_write_error_leaves_nothing(tmp_path):
         sys.path.insert(0, {str(__import__("pathlib").Path(__file__).parent)!r})
         from target_checks import first_layers
         import edgeflash as ef
-        from edgeflash.errors import UserError
+        from edgeflash.base.errors import UserError
         from edgeflash.export.sources import load_source
         try:
             ef.export(first_layers(load_source("smollm2-135m"), 1), {str(out)!r}, quant="q4_0-rtn", target="onnx",

@@ -11,11 +11,15 @@
 
 namespace ef {
 
-enum class Format : int { f32 = 0, f16, q8_0, q4_0, q4_1, q5_0, q4_k, q6_k, q4_lut, count };
+// Every weight format a model file may hold. The ones after q4_lut are storage formats only: they
+// are read from GGUF files and converted at load (the kernel table has no entry for them).
+enum class Format : int { f32 = 0, f16, q8_0, q4_0, q4_1, q5_0, q4_k, q6_k, q4_lut, bf16, q5_1, q2_k, q3_k, q5_k, count };
 constexpr int kFormatCount = static_cast<int>(Format::count);
 
+// The one table of format geometry (formats.cpp); Python reads it through the bindings.
 struct FormatInfo {
   const char* name;
+  int ggml_type;     // GGML type id in GGUF files, -1 for edgeflash's own formats
   int block_elems;   // elements per block along a row
   int block_bytes;   // bytes per block
   int row_header;    // bytes before the first block of each row (q4_lut's level table)

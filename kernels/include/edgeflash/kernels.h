@@ -31,6 +31,8 @@ struct WeightMatrix {
 class QuantizedActs {
  public:
   void quantize(const float* x, int64_t n, int64_t cols);  // x: [n, cols], cols % 32 == 0
+  // Bytes the buffers take for n rows of cols (what quantize allocates at most).
+  static size_t bytes_for(int64_t n, int64_t cols);
   int64_t n() const { return n_; }
   int64_t cols() const { return cols_; }
   const int8_t* q() const { return q_.data(); }      // [n, cols]
@@ -154,6 +156,10 @@ std::vector<std::string> available_isas();
 // "auto" = the best available. Throws KernelError for an unknown or unsupported level.
 void use_isa(const std::string& name);
 std::string current_isa();
+// Whether the kernels run weights of this format (storage-only formats are converted at load).
+bool runs_format(Format f);
+// Whether quantize_rows can write this format (K-quants and storage formats are read-only).
+bool can_quantize(Format f);
 // (kernel name, implementation running it now) for every kernel in the dispatch table.
 std::vector<std::pair<std::string, std::string>> implementations();
 

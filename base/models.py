@@ -7,7 +7,7 @@ import importlib.util
 from pathlib import Path
 from typing import Callable
 
-from edgeflash.errors import UserError
+from edgeflash.base.errors import UserError
 
 
 def _gemma3_270m() -> Path:

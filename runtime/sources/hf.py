@@ -6,10 +6,9 @@ import json
 from pathlib import Path
 
 import numpy as np
-
-from edgeflash.errors import ModelFormatError, UnsupportedModelError
-from edgeflash.export.sources.safetensors_file import read_safetensors
+from edgeflash.base.errors import ModelFormatError, UnsupportedModelError
 from edgeflash.runtime.source import ModelSource, expected_tensor_names
+from edgeflash.runtime.sources.safetensors_file import read_safetensors
 from edgeflash.runtime.tensors import Tensor, dequantize_raw
 
 

@@ -1,9 +1,9 @@
-// Thin nanobind bindings over the C++ kernel API. The Python wrappers (kernels/*.py) validate
-// arguments and word the errors; this layer checks again (dtype, contiguity, alignment, sizes)
-// so that no call can reach a kernel with a buffer too small for it. ef::KernelError derives
-// from std::invalid_argument and so arrives in Python as ValueError.
-#include <nanobind/nanobind.h>
-#include <nanobind/ndarray.h>
+// Bindings of the kernel API (kernels/include/edgeflash/), registered on the _native module by
+// its composition root (runtime/native/module.cpp). The Python wrappers (kernels/*.py) validate
+// arguments and word the errors; this layer checks again so that no call can reach a kernel with a
+// buffer too small for it. KernelError derives from std::invalid_argument: ValueError in Python.
+#include "bind_kernels.h"
+
 #include <nanobind/stl/optional.h>
 #include <nanobind/stl/string.h>
 #include <nanobind/stl/vector.h>
@@ -11,62 +11,13 @@
 #include <optional>
 #include <string>
 
+#include "arrays.h"
 #include "edgeflash/kernels.h"
-#include "extensions.h"
-#include "bindings.h"  // runtime/native: the engine lives in this module too
 
 namespace nb = nanobind;
-// Inputs may be read-only (e.g. a memory-mapped GGUF file); outputs must be writable.
-using In = nb::ndarray<nb::ro, nb::device::cpu>;
-using Out = nb::ndarray<nb::device::cpu>;
+using namespace ef::bind;
 
 namespace {
-
-ef::Format fmt_of(const std::string& name) {
-  ef::Format f;
-  if (!ef::parse_format(name, &f)) throw ef::KernelError("unknown weight format '" + name + "'");
-  return f;
-}
-
-ef::Activation act_of(const std::string& name) {
-  if (name == "silu") return ef::Activation::silu;
-  if (name == "gelu_tanh") return ef::Activation::gelu_tanh;
-  throw ef::KernelError("unknown activation '" + name + "', expected silu or gelu_tanh");
-}
-
-template <class A>
-size_t nbytes(const A& a) { return a.size() * a.itemsize(); }
-
-template <class A>
-bool c_contiguous(const A& a) {
-  if (a.size() == 0) return true;
-  int64_t expect = 1;
-  for (size_t i = a.ndim(); i-- > 0;) {
-    if (a.shape(i) != 1 && a.stride(i) != expect) return false;
-    expect *= static_cast<int64_t>(a.shape(i));
-  }
-  return true;
-}
-
-// Returns a typed pointer after checking dtype, contiguity, alignment and element count.
-template <class T, class A>
-T* ptr(const A& a, size_t need, const char* name) {
-  if (a.dtype() != nb::dtype<T>())
-    throw ef::KernelError(std::string(name) + " has the wrong dtype");
-  if (!c_contiguous(a)) throw ef::KernelError(std::string(name) + " must be C-contiguous");
-  if (reinterpret_cast<uintptr_t>(a.data()) % alignof(T))
-    throw ef::KernelError(std::string(name) + " is not aligned to " + std::to_string(alignof(T)) + " bytes");
-  if (a.size() < need)
-    throw ef::KernelError(std::string(name) + " holds " + std::to_string(a.size()) + " elements, need " + std::to_string(need));
-  return static_cast<T*>(const_cast<void*>(static_cast<const void*>(a.data())));
-}
-
-// Raw bytes of any contiguous array (weights and caches may come as uint8, float16 or float32).
-template <class A>
-const uint8_t* bytes(const A& a, const char* name) {
-  if (!c_contiguous(a)) throw ef::KernelError(std::string(name) + " must be C-contiguous");
-  return static_cast<const uint8_t*>(static_cast<const void*>(a.data()));
-}
 
 ef::WeightMatrix weights(const In& w, const std::string& fmt, int64_t rows, int64_t cols, size_t stride) {
   return ef::WeightMatrix{bytes(w, "w"), nbytes(w), fmt_of(fmt), rows, cols, stride};
@@ -81,13 +32,27 @@ ef::KvCache cache(const Out& k, const Out& v, const std::string& fmt, int64_t n_
 
 }  // namespace
 
-// Default: nothing else is compiled into the module.
-__attribute__((weak)) void ef_bind_extensions(nanobind::module_&) {}
+void ef::bind_kernels(nb::module_& m) {
+  // The format table (formats.cpp) with what this build can do with each format.
+  m.def("format_table", [] {
+    nb::list out;
+    for (int i = 0; i < ef::kFormatCount; ++i) {
+      const ef::Format f = static_cast<ef::Format>(i);
+      const ef::FormatInfo& info = ef::format_info(f);
+      nb::dict d;
+      d["name"] = info.name;
+      d["ggml_type"] = info.ggml_type;
+      d["block_elems"] = info.block_elems;
+      d["block_bytes"] = info.block_bytes;
+      d["row_header"] = info.row_header;
+      d["quantized"] = info.quantized;
+      d["runs"] = ef::runs_format(f);
+      d["quantizable"] = ef::can_quantize(f);
+      out.append(d);
+    }
+    return out;
+  });
 
-NB_MODULE(_native, m) {
-  m.attr("__version__") = "0.1.0";
-  m.doc() = "edgeflash hand-written CPU kernels (use edgeflash.kernels, which validates arguments)";
-  ef::engine::register_engine(m);
 
   // ---- dispatch, threads, formats
   m.def("cpu_features", [] {
@@ -243,6 +208,4 @@ NB_MODULE(_native, m) {
     nb::gil_scoped_release release;
     return ef::timed_read(p, n);
   });
-
-  ef_bind_extensions(m);
 }

@@ -15,36 +15,38 @@ import math
 import os
 from typing import TYPE_CHECKING, Any
 
+import edgeflash.kernels as kernels
 import numpy as np
-
-from edgeflash.errors import UserError
-from edgeflash.memory.layout import WeightLayout, align_down, align_up, tensor_view_of
+from edgeflash.base.errors import UserError
+from edgeflash.kernels import _native
+from edgeflash.memory.direct_io import open_direct, read_range
+from edgeflash.memory.layout import align_down, align_up
 from edgeflash.memory.planner import BudgetError, MemoryPlan, make_plan
 
 if TYPE_CHECKING:
-    from edgeflash.memory.budgeted import BudgetedEngine
+    from edgeflash.runtime.budgeted import BudgetedWeights
 
 MIN_CAPACITY = 32  # neurons per layer: below this the cache only thrashes
-ROW_READ_BYTES = 256 << 10  # BudgetedEngine.read_rows's buffer: held only while the shortlist loads
+ROW_READ_BYTES = 256 << 10  # BudgetedWeights.read_rows's buffer: held only while the shortlist loads
 BOUNCE_BYTES = 1 << 20  # memory/native/neuron_cache.cpp's read buffer
 
 
 class ApproximateMode:
-    def __init__(self, engine: BudgetedEngine, layout: WeightLayout):
-        self.engine, self.layout = engine, layout
-        self.source = source = engine.source
+    def __init__(self, weights: BudgetedWeights):
+        self.weights, self.layout = weights, weights.layout
+        self.source = source = weights.source
         self.spec = source.spec
         self.bundle = source.info["bundle"]
         self.calibration = source.info["manifest"].get("calibration") or {}
-        self.sparsity, self.window, self.shortlist = engine.sparsity, engine.window, engine.head_shortlist
+        self.sparsity, self.window, self.shortlist = weights.sparsity, weights.window, weights.head_shortlist
         self.capacity = 0
 
     @classmethod
-    def configure(cls, engine: BudgetedEngine, layout: WeightLayout) -> ApproximateMode:
-        if engine.source.kind != "bundle":
-            raise UserError(f"{engine.source.path}: --sparsity and --head-shortlist need a bundle made by "
+    def configure(cls, weights: BudgetedWeights) -> ApproximateMode:
+        if weights.source.kind != "bundle":
+            raise UserError(f"{weights.source.path}: --sparsity and --head-shortlist need a bundle made by "
                             "`edgeflash export` (it holds the neuron arenas, predictors and token counts)")
-        mode = cls(engine, layout)
+        mode = cls(weights)
         mode._check()
         return mode
 
@@ -81,10 +83,8 @@ class ApproximateMode:
         return self.bundle.arena_block(layer).arena
 
     def _bundle_bytes(self) -> int:
-        from edgeflash.kernels import bundle_bytes
-
         parts = {p.name: p.fmt for p in self._arena(0).parts}
-        return bundle_bytes(self.spec.d_model, parts["gate"], parts["up"], parts["down"])
+        return kernels.bundle_bytes(self.spec.d_model, parts["gate"], parts["up"], parts["down"])
 
     def _ffn_norms(self) -> list[str]:
         suffixes = ("ffn_norm.weight", "post_ffw_norm.weight")
@@ -116,9 +116,10 @@ class ApproximateMode:
         capacity, error = target, None
         while True:
             try:
-                plan = make_plan(self.layout, self.spec, self.engine.budget, self.engine.strategy,
-                                 {**fixed, **self.fixed_costs(capacity)}, threads, chunk, skip=skip,
-                                 full_head=self.shortlist is None, head_chunk_limit=self.engine.head_chunk)
+                plan = make_plan(self.layout, self.weights.budget, self.weights.strategy,
+                                 {**fixed, **self.fixed_costs(capacity)}, io_threads=threads, chunk_bytes=chunk,
+                                 skip=skip, full_head=self.shortlist is None,
+                                 head_chunk_limit=self.weights.options.head_chunk)
                 break
             except BudgetError as e:
                 error = e
@@ -137,8 +138,6 @@ class ApproximateMode:
 
     def resident_tensors(self) -> dict[str, Any]:
         """FFN norms (sparse mode reads no FFN block), read once with direct I/O."""
-        from edgeflash.memory.budgeted import open_direct, read_range
-
         out = {}
         if self.sparsity is None:
             return out
@@ -148,7 +147,7 @@ class ApproximateMode:
                 loc = self.layout.locations[name]
                 start = align_down(loc.offset)
                 buf = read_range(fd, self.layout.path, start, align_up(loc.offset + loc.nbytes) - start)
-                out[name] = tensor_view_of(self.source.tensors[name], buf, loc.offset - start)
+                out[name] = self.source.tensors[name].with_bytes_from(buf, loc.offset - start)
         finally:
             os.close(fd)
         return out
@@ -165,26 +164,30 @@ class ApproximateMode:
                 act = cal["sparsity"]["act_threshold"][layer]
                 # The predictor's threshold was fitted at the middle level; scale it like the true thresholds.
                 scale = act[self.level] / act[mid] if act[mid] > 0 else 1.0
-                layers.append({
-                    "arena_offset": block.offset + arena.offset, "stride": arena.stride,
-                    "order": [int(v) for v in arena.order],
-                    "pred_threshold": float(cal["predictors"]["threshold"][layer]) * scale,
-                    "gate_threshold": float(cal["sparsity"]["gate_threshold"][layer][self.level]),
-                })
+                spec_ = _native.SparseLayerSpec()
+                spec_.arena_offset, spec_.stride = block.offset + arena.offset, arena.stride
+                order = np.asarray(arena.order, dtype=np.int64)  # arena slot -> neuron
+                if sorted(order.tolist()) != list(range(len(order))):
+                    raise UserError(f"{self.source.path}: layer {layer}'s arena order is not a permutation of "
+                                    "its neurons; the bundle is corrupted")
+                spec_.file_slot_of_neuron = np.argsort(order).astype(np.int32).tolist()  # neuron -> arena slot
+                spec_.pred_threshold = float(cal["predictors"]["threshold"][layer]) * scale
+                spec_.gate_threshold = float(cal["sparsity"]["gate_threshold"][layer][self.level])
+                layers.append(spec_)
             parts = {p.name: p.fmt for p in self._arena(0).parts}
-            native.set_sparse_ffn(layers, [parts["gate"], parts["up"], parts["down"]], self.capacity, self.window)
+            native.set_sparse_ffn(layers, parts["gate"], parts["up"], parts["down"], self.capacity, self.window)
         if self.shortlist is not None:
             head = self.source.tensors[self._head_tensor()]
-            native.set_head_shortlist(self.engine.read_rows(self._head_tensor(), self.ids), head.fmt, self.ids)
+            native.set_head_shortlist(self.weights.read_rows(self._head_tensor(), self.ids), head.fmt, self.ids)
 
     def stats(self, native: Any) -> dict[str, Any]:
         out: dict[str, Any] = {}
         if self.sparsity is not None:
             n = native.neuron_stats()
             out.update({"sparsity": self.sparsity, "window": self.window, "neuron_cache_capacity": self.capacity,
-                        "neuron_cache_hit_rate": round(n["hits"] / n["lookups"], 4) if n["lookups"] else None,
-                        "neuron_bytes_read": n["bytes_read"], "neurons_loaded": n["loaded"],
-                        "predicted_active_fraction": round(n["predicted"] / max(1, n["passes"])
+                        "neuron_cache_hit_rate": round(n.hits / n.lookups, 4) if n.lookups else None,
+                        "neuron_bytes_read": n.bytes_read, "neurons_loaded": n.loaded,
+                        "predicted_active_fraction": round(n.predicted / max(1, n.passes)
                                                            / self.spec.d_ff / self.spec.n_layers, 4)})
         if self.shortlist is not None:
             out["head_shortlist"] = len(self.ids)

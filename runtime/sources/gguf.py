@@ -15,9 +15,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
-
-from edgeflash.errors import ModelFormatError, UnsupportedModelError
-from edgeflash.runtime.formats import FORMAT_BY_GGML_TYPE
+from edgeflash.base.errors import ModelFormatError, UnsupportedModelError
+from edgeflash.kernels.formats import FORMAT_BY_GGML_TYPE
 from edgeflash.runtime.tensors import Tensor
 
 if TYPE_CHECKING:

@@ -8,8 +8,7 @@ import struct
 from pathlib import Path
 
 import numpy as np
-
-from edgeflash.errors import ModelFormatError, UnsupportedModelError
+from edgeflash.base.errors import ModelFormatError, UnsupportedModelError
 
 # safetensors dtype -> (edgeflash format name, bytes per element)
 _DTYPES = {"F32": ("f32", 4), "F16": ("f16", 2), "BF16": ("bf16", 2)}

@@ -1,0 +1,103 @@
+// What the engine reads its weights through, declared below it (runtime/native/engine.h includes
+// this; memory/native implements it by streaming from flash): the tensors of one layer by slot,
+// and the sources of layers, head rows and embedding rows, and the FFN replacement hook.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "edgeflash/kernels.h"
+
+namespace ef {
+
+// The tensors a layer may have. The one table of their names is in layer_source.cpp: the engine's
+// name of each slot and the per-layer tensor it holds (GGUF/bundle naming, after "blk.N.").
+enum class Slot : int {
+  q, k, v, o, gate, up, down, pred_a, pred_b,                   // matrices (predictors: sparse mode only)
+  attn_norm, ffn_norm, post_attn_norm, post_ffn_norm, q_norm, k_norm, q_bias, k_bias, v_bias,  // f32 vectors
+  count
+};
+constexpr int kSlotCount = static_cast<int>(Slot::count);
+constexpr int kMatrixSlots = static_cast<int>(Slot::attn_norm);
+
+struct SlotInfo {
+  const char* name;    // the engine's name ("gate")
+  const char* tensor;  // the layer tensor it holds ("ffn_gate.weight")
+};
+
+const SlotInfo& slot_info(Slot s);
+bool parse_slot(const std::string& name, Slot* out);  // false for an unknown name
+inline bool is_matrix(Slot s) { return static_cast<int>(s) < kMatrixSlots; }
+
+// Everything one block reads. Vectors (norms, biases) are f32; null when the model has none.
+struct LayerWeights {
+  WeightMatrix q, k, v, o, gate, up, down;
+  WeightMatrix pred_a, pred_b;  // sparse mode's neuron predictor: [rank, d_model], [d_ff, rank]
+  const float* attn_norm = nullptr;
+  const float* ffn_norm = nullptr;
+  const float* post_attn_norm = nullptr;
+  const float* post_ffn_norm = nullptr;
+  const float* q_norm = nullptr;
+  const float* k_norm = nullptr;
+  const float* q_bias = nullptr;
+  const float* k_bias = nullptr;
+  const float* v_bias = nullptr;
+
+  // The field of a slot (KernelError for a vector slot / a matrix slot respectively).
+  WeightMatrix& matrix(Slot s);
+  const float*& vector(Slot s);
+};
+
+// Where a layer's weights come from. `acquire` may block until they are in memory (streamed
+// from flash); `release` says the forward pass is done with them for this call.
+class LayerSource {
+ public:
+  virtual ~LayerSource() = default;
+  virtual const LayerWeights& acquire(int64_t layer) = 0;
+  virtual void release(int64_t layer) {}
+  // A forward pass starts; `needs_head` says whether it will compute logits (a streaming source
+  // uses it to plan what to read next).
+  virtual void begin_pass(bool needs_head) {}
+};
+
+// All layers resident: acquire is a lookup.
+class ResidentLayers : public LayerSource {
+ public:
+  explicit ResidentLayers(int64_t n_layers) : layers_(n_layers) {}
+  LayerWeights& at(int64_t layer) { return layers_.at(layer); }
+  const LayerWeights& acquire(int64_t layer) override { return layers_.at(layer); }
+
+ private:
+  std::vector<LayerWeights> layers_;
+};
+
+// Where the output head's rows come from when it is not one resident matrix: chunks of rows
+// (for example streamed from flash, the next chunk loading while this one computes).
+class HeadSource {
+ public:
+  virtual ~HeadSource() = default;
+  virtual int64_t n_chunks() = 0;
+  // Rows [first_row, first_row + chunk.rows) of the head.
+  virtual const WeightMatrix& acquire_chunk(int64_t chunk, int64_t* first_row) = 0;
+  virtual void release_chunk(int64_t chunk) {}
+};
+
+// A replacement for a layer's dense feed-forward (approximate mode: only predicted-active neurons,
+// from a windowed neuron cache). `active(layer)` says whether it handles that layer.
+class FfnHook {
+ public:
+  virtual ~FfnHook() = default;
+  virtual bool active(int64_t layer) const = 0;
+  // x: [n, d_model] the normed FFN input; out: [n, d_model] the FFN output (before post-norm).
+  virtual void compute(int64_t layer, const LayerWeights& w, const float* x, int64_t n, float* out) = 0;
+};
+
+// Where embedding rows come from when the table is not resident (read on demand).
+class EmbeddingSource {
+ public:
+  virtual ~EmbeddingSource() = default;
+  virtual void rows(const int32_t* tokens, int64_t n, float* out) = 0;  // out: [n, d_model] f32
+};
+
+}  // namespace ef

@@ -1,0 +1,290 @@
+"""A native engine's weights under one byte budget. The planner (edgeflash.memory.planner) decides
+what stays resident; resident weights are read once with direct I/O into the process's own memory,
+the rest streams from flash for every forward pass (memory/native does the reading).
+
+    weights = BudgetedWeights(source, budget=..., options=engine_options(...), fixed_costs=...)
+    engine = NativeEngine(source, weights=weights, options=weights.options)
+
+Planning happens before the engine exists, with the engine's own memory function, so a budget
+that cannot work is refused before anything large is allocated."""
+
+from __future__ import annotations
+
+import os
+import zlib
+from typing import Any
+
+import numpy as np
+from edgeflash.base.errors import IntegrityError, UserError
+from edgeflash.base.sizes import format_size
+from edgeflash.kernels import _native
+from edgeflash.memory.direct_io import aligned_empty, open_direct, read_range
+from edgeflash.memory.io_profile import best_settings
+from edgeflash.memory.layout import Location, WeightLayout, align_down, align_up, build_layout, group_units
+from edgeflash.memory.planner import BudgetError, make_plan
+from edgeflash.runtime.approximate import ROW_READ_BYTES, ApproximateMode
+from edgeflash.runtime.native_config import engine_memory
+from edgeflash.runtime.native_engine import LAYER_SLOTS, NativeEngine
+from edgeflash.runtime.source import ModelSource
+from edgeflash.runtime.tensors import Tensor
+
+# Head rows per logits pass under a budget: a quarter of the unbudgeted engine's, so its buffers
+# (3 x max_batch x rows floats) leave room for weights; the extra passes cost little next to
+# reading the head from flash.
+BUDGETED_HEAD_CHUNK = 4096
+OPENING_PEAK_MARGIN = 1.05  # the opening peak moves by a few hundred KiB between runs
+VERIFY_READ_BYTES = 4 << 20  # the buffer streamed blocks are checksummed through at load
+
+
+def source_layout(source: ModelSource) -> WeightLayout:
+    """Where each tensor of a GGUF file or bundle lies in its file, grouped for the planner."""
+    if source.kind == "gguf":
+        gguf = source.info["gguf"]
+        path, locations = gguf.path, {n: Location(i.offset, i.nbytes) for n, i in gguf.tensors.items()}
+    elif source.kind == "bundle":
+        bundle = source.info["bundle"]
+        path = bundle.weights_path
+        locations = {n: Location(bundle.blocks[e.block].offset + e.offset, e.nbytes) for n, e in bundle.tensors.items()}
+    else:
+        raise UserError(f"{source.path}: a memory budget needs a GGUF file or an edgeflash bundle "
+                        f"(export this {source.kind} model with `edgeflash export`)")
+    return build_layout(path, locations, n_layers=source.spec.n_layers, head_rows=source.spec.vocab_size,
+                        pinned=frozenset(source.info.get("rewritten_tensors", [])))
+
+
+class BudgetedWeights:
+    def __init__(self, source: ModelSource, *, budget: int, options: _native.EngineOptions, strategy: str = "flash",
+                 fixed_costs: dict[str, int] | None = None, io_threads: int | None = None,
+                 chunk_bytes: int | None = None, verify: bool = True, sparsity: float | None = None,
+                 window: int = 4, head_shortlist: int | None = None, opening_peak: int = 0):
+        """`fixed_costs`: what the loader measured or reserved besides the engine (tokenizer,
+        speculation); `opening_peak`: how far RSS rose while the model was opened (tokenizer and
+        metadata built, their temporaries freed): the budget must hold that too. `io_threads`,
+        `chunk_bytes`: None takes `edgeflash probe-io`'s profile of this storage, else defaults."""
+        self.source, self.spec, self.options = source, source.spec, options
+        self.budget, self.strategy, self.verify = budget, strategy, verify
+        self.sparsity, self.window, self.head_shortlist = sparsity, window, head_shortlist
+        self.layout = layout = source_layout(source)
+        mem = engine_memory(self.spec, options)
+        fixed = {"kv_cache": mem.kv_cache, "activations": mem.activations, "logits": self.spec.vocab_size * 4,
+                 **(fixed_costs or {})}
+        measured_threads, measured_chunk, measured = best_settings(layout.path)
+        threads, chunk = io_threads or measured_threads, chunk_bytes or measured_chunk
+        self.approx = ApproximateMode.configure(self) if (sparsity or head_shortlist) else None
+        try:
+            if self.approx is None:  # exact mode never reads the sparse-mode predictors
+                skip = frozenset(g for g in layout.groups if g.endswith(".predictor"))
+                self.plan = make_plan(layout, budget, strategy, fixed, head_chunk_limit=options.head_chunk,
+                                      io_threads=threads, chunk_bytes=chunk, skip=skip)
+            else:
+                self.plan = self.approx.plan(fixed, threads, chunk)
+        except BudgetError as error:
+            self._check_opening_peak(opening_peak, error.minimum_bytes or 0)
+            raise
+        self._check_opening_peak(opening_peak, 0)
+        if not measured and strategy == "flash":
+            self.plan.notes.append("I/O settings are defaults; run `edgeflash probe-io` to measure this storage")
+        self.resident_tensors: dict[str, Tensor] = {}  # filled by install; a self-drafter may share them
+        self.direct_io = True
+
+    def _check_opening_peak(self, opening_peak: int, plan_minimum: int) -> None:
+        """Refuse a budget below what opening the model already took, when that is the larger
+        minimum (the plan's own refusal says the rest)."""
+        minimum = int(opening_peak * OPENING_PEAK_MARGIN)
+        if opening_peak > self.budget and minimum > plan_minimum:
+            raise BudgetError(
+                f"memory budget {format_size(self.budget)} is too small for this model: at least "
+                f"{format_size(minimum)} is needed, as opening it (tokenizer and metadata) alone took "
+                f"{format_size(opening_peak)} at its peak, before any weight was loaded; raise --memory-budget",
+                minimum)
+
+    # -- loading ------------------------------------------------------------------------------------
+
+    def install(self, engine: NativeEngine) -> None:
+        layout, plan = self.layout, self.plan
+        fd, self.direct_io = open_direct(layout.path)
+        try:
+            tensors = self._read_resident(fd)
+            if self.verify and self.source.kind == "bundle":
+                self._verify_streamed(fd)
+        finally:
+            os.close(fd)
+        if not self.direct_io:
+            plan.notes.append(f"{layout.path.parent} does not support direct I/O: reads go through the page cache")
+        if self.approx is not None:
+            tensors.update(self.approx.resident_tensors())
+        self.resident_tensors = tensors
+        engine.set_tensors(tensors)
+        streaming = self.embedding_plan()
+        streaming.io_threads, streaming.chunk_bytes = plan.io.threads, plan.io.chunk_bytes
+        streaming.units, streaming.slots, streaming.prefetch = self._stream_units(), plan.io.slots, plan.io.prefetch
+        streaming.staging_bytes = plan.staging_bytes
+        try:
+            engine._engine.set_streaming(streaming)
+            if self.approx is not None:
+                self.approx.install(engine._engine)
+        except (ValueError, RuntimeError) as e:
+            raise UserError(f"{layout.path}: {e}") from None
+
+    def embedding_plan(self) -> _native.StreamingPlan:
+        """A streaming plan that reads just the embedding rows on demand when the plan streams the
+        table (a self-drafter shares the target's table this way), else reads nothing."""
+        plan = _native.StreamingPlan()
+        plan.path, plan.direct, plan.io_threads, plan.slots, plan.prefetch = str(self.layout.path), self.direct_io, 1, 1, False
+        plan.chunk_bytes = 64 * 1024
+        if "embedding" in self.plan.streamed:
+            t, loc = self.source.tensors["token_embd.weight"], self.layout.locations["token_embd.weight"]
+            plan.stream_embedding = True
+            plan.embedding = _streamed(t, loc.offset)
+        return plan
+
+    def check_reserve(self, name: str, actual: int) -> None:
+        """A fixed cost the plan reserved before the thing existed must hold what it became."""
+        reserved = self.plan.fixed.get(name, 0)
+        if actual > reserved:
+            raise BudgetError(f"the {name} part takes {actual / 2**20:.1f} MiB but the plan reserved "
+                              f"{reserved / 2**20:.1f} MiB; raise --memory-budget")
+
+    def read_rows(self, name: str, ids: np.ndarray) -> np.ndarray:
+        """Rows of a tensor, read with direct I/O (no page cache, no memory map): [len(ids), row_bytes]."""
+        t, loc = self.source.tensors[name], self.layout.locations[name]
+        row_bytes = loc.nbytes // t.rows
+        out = np.empty((len(ids), row_bytes), dtype=np.uint8)
+        order = np.argsort(ids)
+        wanted = ids[order]
+        scratch = aligned_empty(ROW_READ_BYTES)
+        rows_per_read = max(1, (ROW_READ_BYTES - 8192) // row_bytes)  # room for the page alignment at both ends
+        fd, _ = open_direct(self.layout.path)
+        try:
+            k = 0
+            while k < len(order):
+                r0 = int(wanted[k])
+                # One read from this row up to the last wanted row within reach, not past it.
+                r1 = int(wanted[np.searchsorted(wanted, r0 + rows_per_read) - 1]) + 1
+                begin = loc.offset + r0 * row_bytes
+                start = align_down(begin)
+                buf = read_range(fd, self.layout.path, start, align_up(loc.offset + r1 * row_bytes) - start, scratch)
+                while k < len(order) and int(wanted[k]) < r1:
+                    at = begin - start + (int(wanted[k]) - r0) * row_bytes
+                    out[order[k]] = buf[at:at + row_bytes]
+                    k += 1
+        finally:
+            os.close(fd)
+        return out
+
+    def _read_resident(self, fd: int) -> dict[str, Tensor]:
+        """Resident groups and global tensors, read once into this process's memory."""
+        source, layout = self.source, self.layout
+        tensors = {}
+        for name in self.plan.resident:
+            group = layout.groups[name]
+            buf = read_range(fd, layout.path, group.start, group.nbytes)
+            self._check_blocks(group.start, buf)
+            for t in group.tensors:
+                tensors[t] = source.tensors[t].with_bytes_from(buf, layout.locations[t].offset - group.start)
+        for t in layout.groups["globals"].tensors if "globals" in layout.groups else []:
+            loc = layout.locations[t]
+            start = align_down(loc.offset)
+            buf = read_range(fd, layout.path, start, align_up(loc.offset + loc.nbytes) - start)
+            tensors[t] = source.tensors[t].with_bytes_from(buf, loc.offset - start)
+        for group in layout.groups.values():  # tensors whose bytes differ from the file (already in memory)
+            for t in group.pinned:
+                tensors[t] = source.tensors[t]
+        return tensors
+
+    def _blocks_in(self, start: int, end: int) -> list:
+        bundle = self.source.info.get("bundle")
+        if bundle is None:
+            return []
+        return [b for b in bundle.blocks.values() if start <= b.offset and b.offset + b.nbytes <= end]
+
+    def _check_blocks(self, start: int, buf: np.ndarray) -> None:
+        if not self.verify:
+            return
+        for block in self._blocks_in(start, start + len(buf)):
+            data = buf[block.offset - start: block.offset - start + block.nbytes]
+            if zlib.crc32(data) != block.crc32:
+                raise IntegrityError(f"{self.layout.path}: checksum mismatch in block {block.name}; the file is "
+                                     "corrupted")
+
+    def _verify_streamed(self, fd: int) -> None:
+        """Check every streamed block's CRC once at load, through one small buffer."""
+        scratch = None
+        for name in self.plan.streamed:
+            group = self.layout.groups[name]
+            for block in self._blocks_in(group.start, group.end):
+                crc, done = 0, 0
+                while done < block.nbytes:
+                    n = min(VERIFY_READ_BYTES, block.nbytes - done)
+                    if scratch is None:
+                        scratch = aligned_empty(VERIFY_READ_BYTES)
+                    crc = zlib.crc32(read_range(fd, self.layout.path, block.offset + done, n, scratch), crc)
+                    done += n
+                if crc != block.crc32:
+                    raise IntegrityError(f"{self.layout.path}: checksum mismatch in block {block.name}; the file is "
+                                         "corrupted")
+
+    def _stream_units(self) -> list[_native.StreamUnit]:
+        layout, plan, units = self.layout, self.plan, []
+        streamed = set(plan.streamed)
+        for layer in range(self.spec.n_layers):
+            groups = [g for g in layout.layer_groups(layer) if g.name in streamed]
+            if not groups:
+                continue
+            ranges = group_units(layout, groups)
+            placed, at = [], 0  # (file offset, bytes, where the range lands in the staging slot)
+            for start, nbytes in ranges:
+                placed.append((start, nbytes, at))
+                at += nbytes
+            tensors = []
+            for g in groups:
+                for name in g.tensors:
+                    if name in g.pinned:
+                        continue
+                    loc = layout.locations[name]
+                    start, slot_at = next((s, a) for s, n, a in placed if s <= loc.offset < s + n)
+                    st = _streamed(self.source.tensors[name], loc.offset - start + slot_at)
+                    st.target = LAYER_SLOTS[name.split(".", 2)[2]]
+                    tensors.append(st)
+            units.append(_unit(ranges, tensors, layer=layer))
+        if plan.head_chunk_rows:
+            name = "output.weight" if "head" in layout.groups else "token_embd.weight"
+            t, loc = self.source.tensors[name], layout.locations[name]
+            row_bytes = loc.nbytes // t.rows
+            for chunk, r0 in enumerate(range(0, t.rows, plan.head_chunk_rows)):
+                r1 = min(t.rows, r0 + plan.head_chunk_rows)
+                begin, end = loc.offset + r0 * row_bytes, loc.offset + r1 * row_bytes
+                start = align_down(begin)
+                st = _streamed(t, begin - start)
+                st.rows = r1 - r0
+                units.append(_unit([(start, align_up(end) - start)], [st], head_chunk=chunk, head_row0=r0))
+        return units
+
+    # -- statistics ---------------------------------------------------------------------------------
+
+    def stats(self, engine: NativeEngine) -> dict[str, Any]:
+        native = engine._engine
+        streamed = native.stream_stats()
+        out = {"memory_budget_bytes": self.budget, "strategy": self.strategy, "planned_bytes": self.plan.total,
+               "resident_weight_bytes": self.plan.resident_bytes, "direct_io": self.direct_io,
+               "prefetched_units": streamed.prefetched_units if streamed else 0,
+               "units_read": streamed.units_read if streamed else 0}
+        if self.approx is not None:
+            out.update(self.approx.stats(native))
+        return out
+
+
+def _streamed(t: Tensor, offset: int) -> _native.StreamedTensor:
+    """A tensor as the streaming engine reads it: a matrix [rows, cols] or a vector {length, 1}."""
+    st = _native.StreamedTensor()
+    st.offset, st.fmt = offset, t.fmt
+    st.rows, st.cols = (t.rows, t.cols) if len(t.shape) > 1 else (t.cols, 1)
+    return st
+
+
+def _unit(ranges: list[tuple[int, int]], tensors: list[_native.StreamedTensor], *, layer: int = -1,
+          head_chunk: int = -1, head_row0: int = 0) -> _native.StreamUnit:
+    u = _native.StreamUnit()
+    u.layer, u.head_chunk, u.head_row0, u.ranges, u.tensors = layer, head_chunk, head_row0, ranges, tensors
+    return u
+

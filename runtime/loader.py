@@ -1,0 +1,122 @@
+"""Loading a model for a run: the engine, its weights and, under a memory budget, every fixed cost
+the budget must hold besides the weights (the tokenizer and manifest as measured after opening,
+the opening's own peak, a speculative drafter's reserve). The public API only forwards its
+arguments here.
+
+Everything a load may need is imported with this module, not inside `load_model`, so that the
+memory a budgeted load measures is the model's, not the library's code.
+"""
+
+from __future__ import annotations
+
+import gc
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import edgeflash.runtime.bundle  # noqa: F401
+import edgeflash.runtime.speculative  # noqa: F401
+import edgeflash.runtime.tokenizer  # noqa: F401
+from edgeflash.base.errors import UserError
+from edgeflash.base.heap import keep_large_allocations_mapped, release_free_heap
+from edgeflash.base.rss import current_rss_bytes, peak_rss_bytes, reset_peak_rss
+from edgeflash.base.sizes import parse_size
+from edgeflash.kernels.formats import KV_FORMATS
+from edgeflash.runtime.budgeted import BUDGETED_HEAD_CHUNK, BudgetedWeights
+from edgeflash.runtime.native_config import default_context, engine_options
+from edgeflash.runtime.native_engine import NativeEngine
+from edgeflash.runtime.source import ModelSource
+from edgeflash.runtime.sources import open_model
+from edgeflash.runtime.speculative import make_drafter
+from edgeflash.runtime.speculative.budget import speculative_reserve
+
+ENGINES = ("auto", "native", "reference")
+ACTIVATIONS = ("q8x2", "q8", "f32")
+# Tokens per forward call in a budgeted run: smaller work buffers (prefill runs in more chunks).
+BUDGETED_MAX_BATCH = 16
+
+
+@dataclass
+class LoadedModel:
+    source: ModelSource
+    engine: Any  # NativeEngine or the reference engine
+    speculative: str  # the drafter generation uses by default ("none" or a kind)
+    drafter: Any = None  # built at load, so its memory is taken (and checked) up front
+
+
+def load_model(path: str | Path, *, memory_budget: str | int | None = None, threads: int = 2, engine: str = "auto",
+               context_length: int | None = None, strategy: str = "flash", activations: str = "q8x2",
+               kv_cache: str = "f16", sparsity: float | None = None, window: int = 4,
+               head_shortlist: int | None = None, speculative: str = "none") -> LoadedModel:
+    """The arguments of `edgeflash.load` (see there), for a resolved path."""
+    _check_options(engine, threads, context_length, activations, kv_cache)
+    if memory_budget is None:
+        if sparsity is not None or head_shortlist is not None:
+            raise UserError("sparsity and head_shortlist are modes of a budgeted run: give memory_budget too")
+        source = open_model(path)
+        if engine == "reference":
+            from edgeflash.runtime.reference import ReferenceEngine
+
+            run = ReferenceEngine(source, context_length=context_length)
+        else:
+            run = NativeEngine(source, threads=threads, context_length=context_length, activations=activations,
+                               kv_format=kv_cache)
+        return LoadedModel(source, run, speculative, _drafter(speculative, run))
+    if engine == "reference":
+        raise UserError("memory_budget needs the native engine (the reference runtime keeps every weight in float32)")
+    budget = parse_size(memory_budget)
+    keep_large_allocations_mapped()  # freed temporaries leave the process instead of the heap
+    before = current_rss_bytes()
+    # Building the tokenizer makes temporaries several times the size of what it keeps. They are
+    # freed before any weight loads, but the budget covers loading too, so the plan is told this
+    # peak. (Measuring it resets the process's peak-RSS mark, which restarts at the current RSS.)
+    peak_measured = reset_peak_rss()
+    source = open_model(path, verify=False)  # checksums are verified with direct I/O while loading
+    # The tokenizer builds its tables on first use: build them now, free what parsing left behind,
+    # and count what stays (tokenizer and manifest) as a fixed cost of the budget.
+    source.tokenizer.decode(source.tokenizer.encode("warm up the tokenizer"))
+    gc.collect()
+    release_free_heap()
+    # Tensors the loader rewrote (llama q/k rows from a GGUF) are in that delta too; the plan
+    # counts them as pinned weights.
+    rewritten = sum(source.tensors[n].nbytes for n in source.info.get("rewritten_tensors", []))
+    fixed = {"tokenizer_and_manifest": max(0, current_rss_bytes() - before - rewritten)}
+    opening_peak = peak_rss_bytes() - before if peak_measured else 0
+    if context_length is None:
+        context_length = default_context(source.spec, budget, kv_format=kv_cache)
+    if speculative != "none":
+        fixed["speculative"] = speculative_reserve(speculative, source, context_length, kv_cache)
+    options = engine_options(source.spec, context_length=context_length, max_batch=BUDGETED_MAX_BATCH,
+                             kv_format=kv_cache, activations=activations, head_chunk=BUDGETED_HEAD_CHUNK)
+    weights = BudgetedWeights(source, budget=budget, options=options, strategy=strategy, fixed_costs=fixed,
+                              opening_peak=opening_peak, sparsity=sparsity, window=window,
+                              head_shortlist=head_shortlist)
+    run = NativeEngine(source, weights=weights, threads=threads, options=options)
+    drafter = _drafter(speculative, run)
+    if drafter is not None:
+        weights.check_reserve("speculative", drafter.memory_bytes())
+    return LoadedModel(source, run, speculative, drafter)
+
+
+def _check_options(engine: str, threads: int, context_length: int | None, activations: str, kv_cache: str) -> None:
+    if engine not in ENGINES:
+        raise UserError(f"engine = {engine!r}: expected one of {', '.join(ENGINES)}")
+    if threads < 1:
+        raise UserError(f"threads = {threads}: expected an integer >= 1")
+    if context_length is not None and context_length < 2:
+        raise UserError(f"context_length = {context_length}: expected an integer >= 2")
+    if activations not in ACTIVATIONS:
+        raise UserError(f"activations = {activations!r}: expected {', '.join(ACTIVATIONS)}")
+    if kv_cache not in KV_FORMATS:
+        raise UserError(f"kv_cache = {kv_cache!r}: expected {' or '.join(KV_FORMATS)}")
+    if engine == "reference" and kv_cache != "f16":
+        raise UserError("kv_cache = 'q8_0' needs the native engine (the reference runtime keeps its cache in float32)")
+
+
+def _drafter(kind: str, engine: Any) -> Any:
+    """The drafter of `kind`, built now: a bad option fails at load, and its memory is taken up front."""
+    if kind == "none":
+        return None
+    if not hasattr(engine, "forward_tree"):
+        raise UserError(f"speculative decoding needs the native engine, not {engine.name!r}")
+    return make_drafter(kind, engine)
