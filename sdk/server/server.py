@@ -14,6 +14,7 @@ from edgeflash.base.errors import UserError
 from edgeflash.base.rss import current_rss_bytes, peak_rss_bytes
 from edgeflash.server.config import ServerConfig
 from edgeflash.server.handler import Handler
+from edgeflash.server.metrics import Metrics
 from edgeflash.server.network import is_loopback, resolve_bind_address
 from edgeflash.server.worker import Worker
 
@@ -36,7 +37,8 @@ class Server:
         self.config = config or ServerConfig()
         self.model_id = self.config.model_id or model.name
         self.fingerprint = f"edgeflash-{__version__}-{model.engine.name}"
-        self.worker = Worker(model, self.config.max_queue)
+        self.metrics = Metrics()
+        self.worker = Worker(model, self.config.max_queue, self.metrics)
         self.created = int(time.time())
         self.draining = False
         self._active = 0
@@ -86,6 +88,9 @@ class Server:
                 "engine": self.model.engine.name, **self.worker.status(),
                 "uptime_s": round(time.monotonic() - self._started, 3), "rss_bytes": current_rss_bytes(),
                 "peak_rss_bytes": peak_rss_bytes()}
+
+    def metrics_text(self) -> str:
+        return self.metrics.render(self.model_id, self.worker.status(), time.monotonic() - self._started)
 
     # --- life ----------------------------------------------------------------------------------
 
