@@ -9,6 +9,7 @@ import json
 from typing import Any
 
 JSON_OBJECT: dict[str, Any] = {"type": "object"}  # response_format {"type": "json_object"}
+FENCE = "```json"  # a Markdown code fence around a call
 JSON_LAYOUT = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
 
 
@@ -32,12 +33,12 @@ def call_schema(tool: dict[str, Any]) -> dict[str, Any]:
 def tool_grammar(tools: list[dict[str, Any]], choice: str, *, opener: str, closer: str,
                  parallel: bool = True) -> str:
     """What a reply may be when `tools` are offered, in a format that wraps each call's JSON in
-    `opener` ... `closer` (Hermes/Qwen: <tool_call> and </tool_call>). A bare call object is
-    accepted too: small models trained on the format often leave the tags out.
+    `opener` ... `closer` (Hermes/Qwen: <tool_call> and </tool_call>). A bare call object, or one
+    in a ```json fence, is accepted too: small models trained on the format often write those.
 
     choice: "auto" (text, or tool calls), "none" (text that does not start a call), "required"
     (one or more calls), or a function name (exactly one call of that function). Text may not
-    begin with "{" or the opener: that is how a call begins."""
+    begin with "{", "```json" or the opener: that is how a call begins."""
     if choice == "none":
         return f"%llguidance {{}}\nstart: TEXT\n{_text_rule(opener)}"
     offered = tools if choice in ("auto", "required") else [t for t in tools if t["function"]["name"] == choice]
@@ -46,7 +47,8 @@ def tool_grammar(tools: list[dict[str, Any]], choice: str, *, opener: str, close
     lines = ["%llguidance {}",
              "start: TEXT | calls" if choice == "auto" else "start: calls",
              f"calls: call{repeat}",
-             f"call: {json.dumps(opener + chr(10))} call_json {json.dumps(chr(10) + closer)} | call_json",
+             f"call: {json.dumps(opener + chr(10))} call_json {json.dumps(chr(10) + closer)} | call_json"
+             f" | {json.dumps(FENCE + chr(10))} call_json {json.dumps(chr(10) + '```')}",
              f"call_json: %json {calls}"]
     if choice == "auto":
         lines.append(_text_rule(opener).rstrip("\n"))
@@ -54,8 +56,9 @@ def tool_grammar(tools: list[dict[str, Any]], choice: str, *, opener: str, close
 
 
 def _text_rule(opener: str) -> str:
-    """Any non-empty text that begins neither with the call opener nor with "{"."""
-    return f"TEXT: /(?s:.+)/ & ~/({_regex_escape(opener)}|\\{{)(?s:.*)/\n"
+    """Any non-empty text that does not begin the way a call does."""
+    starts = "|".join(_regex_escape(s) for s in (opener, "{", FENCE))
+    return f"TEXT: /(?s:.+)/ & ~/({starts})(?s:.*)/\n"
 
 
 def _regex_escape(text: str) -> str:

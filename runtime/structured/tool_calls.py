@@ -3,7 +3,8 @@ keeps a reply inside it, and the calls parsed out of the reply's text.
 
 One format so far, Hermes' (Qwen2.5, Hermes, and others trained on it): each call is a JSON
 object {"name": ..., "arguments": {...}} on its own line between <tool_call> and </tool_call>;
-small models often write the object without the tags, and that is read as a call too."""
+small models often write the object without the tags, or in a ```json fence, and those are
+read as calls too."""
 
 from __future__ import annotations
 
@@ -44,6 +45,12 @@ class ToolCallFormat:
             calls.append(call)
         kept.append(text[at:])
         content = "".join(kept).strip()
+        if not calls and content.startswith("```json"):
+            fenced = re.fullmatch(r"```json\s*(.*?)\s*```", content, re.S)
+            if fenced:
+                rest, calls = _bare_calls(fenced.group(1), names)
+                content = content if rest else ""
+                calls = calls if not rest else []
         if not calls and content.startswith("{"):
             content, calls = _bare_calls(content, names)
         return (content or None), calls
