@@ -45,8 +45,3 @@ class Constraint:
     def accept(self, token: int) -> None:
         if not self._matcher.consume_token(int(token)):
             raise RuntimeError(f"token {token} was chosen against the grammar: {self._matcher.get_error()}")
-
-    @property
-    def finished(self) -> bool:
-        """The grammar is complete and allows only the end of the text."""
-        return self._matcher.is_stopped()

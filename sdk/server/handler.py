@@ -40,6 +40,16 @@ CORS_METHODS = "GET, POST, OPTIONS"
 POLL_S = 0.25  # how often a waiting handler checks whether its client is still there
 
 
+def _metrics_path(path: str) -> str:
+    """The path label of /metrics: the endpoints by name, everything else as "other" (a scanner
+    trying random paths must not grow the label set)."""
+    if path.startswith("/v1/models"):
+        return "/v1/models"
+    if path.startswith("/static/"):
+        return "/static"
+    return path if path in POST_PATHS or path in GET_PATHS else "other"
+
+
 class ClientGone(Exception):
     """The client closed its connection before the response was complete."""
 
@@ -91,7 +101,10 @@ class Handler(BaseHTTPRequestHandler):
             pass
 
     def send_response(self, code: int, message: str | None = None) -> None:
-        self._status = code
+        # Counted as the status line goes out, so a client that reads /metrics next sees it.
+        path = getattr(self, "_metrics_path", None)
+        if path is not None:
+            self.app.metrics.request_done(path, code)
         super().send_response(code, message)
 
     def end_headers(self) -> None:
@@ -124,8 +137,8 @@ class Handler(BaseHTTPRequestHandler):
 
     def _handle(self, route: Any) -> None:
         self.app.request_started()
-        self._status = 0
         path = unquote(self.path.split("?", 1)[0])
+        self._metrics_path = _metrics_path(path)
         try:
             route(path)
         except ApiError as e:
@@ -140,9 +153,7 @@ class Handler(BaseHTTPRequestHandler):
         finally:
             if self.app.draining:
                 self.close_connection = True  # so handler threads end with the server
-            if self._status:
-                known = path if path in POST_PATHS or path in GET_PATHS or path.startswith("/v1/models") else "other"
-                self.app.metrics.request_done("/v1/models" if known.startswith("/v1/models") else known, self._status)
+            self._metrics_path = None
             self.app.request_finished()
 
     def _route_get(self, path: str) -> None:
