@@ -172,7 +172,8 @@ class Generation:
         if not self._done:
             for _ in self:
                 pass
-        logprobs = self.logprobs[:len(self.tokens)] if self.logprobs is not None else None  # EOS is not a token of the text
+        # An EOS the generation stopped at has an entry but is not a token of the text.
+        logprobs = self.logprobs[:len(self.tokens)] if self.logprobs is not None else None
         return GenerationResult(self.text, list(self.tokens), self.finish_reason, dict(self.stats), logprobs)
 
 

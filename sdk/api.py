@@ -143,7 +143,8 @@ class Model:
 
         return tool_call_format(self.tokenizer)
 
-    def chat_prompt(self, messages: Sequence[dict[str, Any]], tools: Sequence[dict[str, Any]] | None = None) -> list[int]:
+    def chat_prompt(self, messages: Sequence[dict[str, Any]],
+                    tools: Sequence[dict[str, Any]] | None = None) -> list[int]:
         """Token ids of a conversation rendered with the model's chat format, ready for the reply.
         `tools` (OpenAI's {"type": "function", "function": {...}} objects) are rendered by the
         model's own template; a message may then be a tool result ({"role": "tool", ...}) or an
@@ -170,8 +171,8 @@ class Model:
         return ids
 
     def chat(self, messages: Sequence[dict[str, Any]], max_tokens: int = 256, *,
-             tools: Sequence[dict[str, Any]] | None = None, tool_choice: str = "auto", parallel_tool_calls: bool = True,
-             **options: Any) -> GenerationResult:
+             tools: Sequence[dict[str, Any]] | None = None, tool_choice: str = "auto",
+             parallel_tool_calls: bool = True, **options: Any) -> GenerationResult:
         """Reply to a conversation ([{"role": "user", "content": ...}, ...]).
 
         With `tools`, the reply is either text or calls of those tools, kept to the model's call

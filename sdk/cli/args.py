@@ -113,7 +113,8 @@ def add_advanced_engine_options(p: argparse.ArgumentParser) -> None:
                      help="with --memory-budget and a bundle: approximate FFN that reads only predicted-active "
                           "neurons at this calibrated sparsity (e.g. 0.5); its quality cost is in the bundle's report")
     adv.add_argument("--neuron-window", type=non_negative_int, default=4, metavar="K", dest="window",
-                     help="with --ffn-sparsity: keep the FFN neurons of the last K tokens cached (default: %(default)s)")
+                     help="with --ffn-sparsity: keep the FFN neurons of the last K tokens cached "
+                          "(default: %(default)s)")
     adv.add_argument("--head-shortlist", type=positive_int, default=None, metavar="N",
                      help="with --memory-budget and a bundle: approximate head over the N most frequent tokens")
     adv.add_argument("--speculative", default="none", metavar="KIND",
@@ -151,7 +152,8 @@ def add_advanced_sampling_options(p: argparse.ArgumentParser) -> None:
                      help="drop tokens less likely than min-p x the best one (default: %(default)s)")
     adv.add_argument("--repeat-penalty", type=float, default=d["repetition_penalty"], dest="repetition_penalty",
                      metavar="X",
-                     help="> 1 discourages tokens seen in the last --repeat-last-n tokens; 1 = off (default: %(default)s)")
+                     help="> 1 discourages tokens seen in the last --repeat-last-n tokens; 1 = off "
+                          "(default: %(default)s)")
     adv.add_argument("--repeat-last-n", type=window_tokens, default=d["repeat_last_n"], metavar="N",
                      help="tokens the penalties look back over; 0 = no penalties, -1 = the whole context "
                           "(default: %(default)s)")

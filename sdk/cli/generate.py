@@ -86,7 +86,8 @@ def summary_line(stats: dict[str, Any]) -> str:
             f"{stats['peak_rss_bytes'] / mib:.0f} MiB")
     if stats.get("memory_budget_bytes"):
         line += (f" = {stats['baseline_rss_bytes'] / mib:.0f} MiB before loading + "
-                 f"{stats['budget_used_bytes'] / mib:.1f} MiB of the {stats['memory_budget_bytes'] / mib:.1f} MiB budget")
+                 f"{stats['budget_used_bytes'] / mib:.1f} MiB of the "
+                 f"{stats['memory_budget_bytes'] / mib:.1f} MiB budget")
     else:
         line += f" ({stats['baseline_rss_bytes'] / mib:.0f} MiB before loading)"
     return line

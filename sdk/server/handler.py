@@ -22,7 +22,7 @@ from urllib.parse import unquote
 from edgeflash.base import __version__
 from edgeflash.server.errors import ApiError, invalid, server_error
 from edgeflash.server.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
-from edgeflash.server.responses import LogprobWriter, ResponseIds, chunk, full_response, usage_chunk
+from edgeflash.server.responses import LogprobWriter, ResponseIds, full_response, usage_chunk
 from edgeflash.server.stream_state import ChoiceStream
 from edgeflash.server.validate import parse_chat, parse_completion
 from edgeflash.server.worker import CHOICE, DONE, ERROR, PIECE, Job, shutting_down

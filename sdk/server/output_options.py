@@ -132,8 +132,8 @@ def _tools(body: dict[str, Any], model: Any, out: OutputOptions) -> None:
         function = choice.get("function")
         name = function.get("name") if isinstance(function, dict) else None
         if choice.get("type") != "function" or not isinstance(name, str):
-            raise invalid(f"tool_choice = {choice!r:.60}: expected {{'type': 'function', 'function': {{'name': ...}}}}",
-                          "tool_choice", "invalid_type")
+            raise invalid(f"tool_choice = {choice!r:.60}: expected {{'type': 'function', 'function': "
+                          "{'name': ...}}", "tool_choice", "invalid_type")
         if name not in names:
             raise invalid(f"tool_choice names {name!r:.40}, which is not among the tools", "tool_choice")
         choice = name

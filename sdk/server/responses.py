@@ -84,7 +84,8 @@ def choice(ids: ResponseIds, index: int, result: GenerationResult, logprobs: Log
         if result.tool_calls:
             message["content"] = result.text or None
             message["tool_calls"] = result.tool_calls
-        return {"index": index, "message": message, "logprobs": logprobs.chat(entries) if entries is not None else None,
+        return {"index": index, "message": message,
+                "logprobs": logprobs.chat(entries) if entries is not None else None,
                 "finish_reason": result.finish_reason}
     return {"index": index, "text": result.text,
             "logprobs": logprobs.completion(entries) if entries is not None else None,

@@ -65,7 +65,9 @@ class ChoiceStream:
             events.append(chunk(self.ids, self.req, index=self.index, tool_calls=result.tool_calls))
         elif self.held_text:  # a held beginning that turned out not to be a call
             events.append(self._text_chunk(self.held_text, self.held_logprobs if self.writer else None))
-        rest = result.logprobs[self.logprobs_sent:] if self.writer and result.logprobs and not result.tool_calls else None
+        rest = None  # entries of tokens whose text was held back (the start of a stop string)
+        if self.writer and result.logprobs and not result.tool_calls:
+            rest = result.logprobs[self.logprobs_sent:]
         events.append(chunk(self.ids, self.req, index=self.index, finish_reason=result.finish_reason,
                             logprobs=self._logprobs(rest, "") if rest else None))
         return events

@@ -14,10 +14,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from edgeflash.base.errors import UserError
+from edgeflash.runtime.sampler import SAMPLING_DEFAULTS
 from edgeflash.server.config import ServerConfig
 from edgeflash.server.errors import invalid
 from edgeflash.server.output_options import OutputOptions, chat_output_options, completion_output_options
-from edgeflash.runtime.sampler import SAMPLING_DEFAULTS
 
 CHAT_ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant", "tool": "tool"}
 MAX_STOP_STRINGS = 4

@@ -76,8 +76,9 @@ def test_tool_grammar(smol, text, choice, ok):
 
 
 def test_parse_tool_calls():
-    content, calls = HERMES.parse('<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n'
-                                  '</tool_call>\n<tool_call>\n{"name": "get_time", "arguments": {}}\n</tool_call>', TOOLS)
+    text = ('<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>\n'
+            '<tool_call>\n{"name": "get_time", "arguments": {}}\n</tool_call>')
+    content, calls = HERMES.parse(text, TOOLS)
     assert content is None and [c["function"]["name"] for c in calls] == ["get_weather", "get_time"]
     assert json.loads(calls[0]["function"]["arguments"]) == {"city": "Paris"}
     assert calls[0]["id"] != calls[1]["id"] and calls[0]["type"] == "function"
