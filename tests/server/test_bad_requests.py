@@ -157,7 +157,7 @@ def test_connection_stays_usable_after_errors(served):
             resp = conn.getresponse()
             assert resp.status == 400
             resp.read()
-        conn.request("POST", COMPLETIONS, body=json.dumps({"prompt": "The sky is", "max_tokens": 3}),
+        conn.request("POST", COMPLETIONS, body=json.dumps({"prompt": "The sky is", "max_tokens": 3, "temperature": 0}),
                      headers={"Content-Type": "application/json"})
         resp = conn.getresponse()
         assert resp.status == 200

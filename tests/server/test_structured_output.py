@@ -47,10 +47,10 @@ def test_json_schema_output_validates(client):
 
 
 def test_json_in_a_stream_and_a_completion(client):
-    chunks = list(client.chat.completions.create(model="x", messages=user("Describe a dog."), max_tokens=120,
-                                                 stream=True, response_format={"type": "json_object"}))
+    chunks = list(client.chat.completions.create(model="x", messages=user("Describe a dog."), max_tokens=200,
+                                                 seed=1, stream=True, response_format={"type": "json_object"}))
     assert isinstance(json.loads("".join(c.choices[0].delta.content or "" for c in chunks if c.choices)), dict)
-    r = client.completions.create(model="x", prompt="A JSON object describing a car:", max_tokens=120,
+    r = client.completions.create(model="x", prompt="A JSON object describing a car:", max_tokens=200, seed=1,
                                   extra_body={"response_format": {"type": "json_schema", "json_schema": {
                                       "name": "car", "schema": {"type": "object", "required": ["make"],
                                                                 "properties": {"make": {"type": "string"}}}}}})
