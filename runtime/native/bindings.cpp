@@ -47,7 +47,10 @@ class PyPartialSums : public PartialSums {
     nb::gil_scoped_acquire gil;
     try {
       const size_t shape[1] = {static_cast<size_t>(count)};
-      fn_(static_cast<int>(point), layer, nb::ndarray<nb::numpy, float, nb::ndim<1>>(x, 1, shape, nb::handle()));
+      // A view of the engine's buffer (rv_policy::reference: no copy, so the sum lands in place).
+      nb::object view = nb::cast(nb::ndarray<nb::numpy, float, nb::ndim<1>>(x, 1, shape, nb::handle()),
+                                 nb::rv_policy::reference);
+      fn_(static_cast<int>(point), layer, view);
     } catch (nb::python_error& e) {  // the engine is C++ all the way up to the bindings: carry the message
       throw KernelError(std::string("completing partial sums across ranks failed: ") + e.what());
     }
