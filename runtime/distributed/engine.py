@@ -1,0 +1,119 @@
+"""One rank's engine: the native engine over this rank's bundle (its heads, neurons and vocabulary
+rows, under its own memory budget), its partial sums completed by the communicator, and its logits
+gathered so that every rank holds the whole row and samples the same token (every rank runs the
+same generation loop, in step).
+
+    comm = Communicator()
+    loaded = load_rank("out/", comm, memory_budget="1GiB")   # out/rank-<k> for rank k
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any, Sequence
+
+import numpy as np
+from edgeflash.base.errors import UserError
+from edgeflash.base.rss import current_rss_bytes
+from edgeflash.base.sizes import parse_size
+from edgeflash.runtime.distributed.comm import Communicator
+from edgeflash.runtime.distributed.shard import Shard, plan_shards, shard_of
+from edgeflash.runtime.loader import LoadedModel, load_model
+from edgeflash.runtime.native_engine import NativeEngine
+
+RANK_DIR = "rank-{rank}"  # the layout `edgeflash export --ranks N` writes
+
+
+def rank_path(path: str | Path, rank: int) -> Path:
+    """This rank's bundle: `path` itself when it is one, else path/rank-<rank>."""
+    path = Path(path).expanduser()
+    if (path / "manifest.json").exists():
+        return path
+    candidate = path / RANK_DIR.format(rank=rank)
+    if not (candidate / "manifest.json").exists():
+        raise UserError(f"{path}: no bundle for rank {rank} (expected {candidate}, written by "
+                        "`edgeflash export SOURCE -o OUT --ranks N`)")
+    return candidate
+
+
+class DistributedEngine:
+    """The Engine contract (forward, truncate, reset, stats) for one rank of a split model."""
+
+    name = "native-tp"
+
+    def __init__(self, inner: NativeEngine, comm: Communicator, shard: Shard, rows: list[tuple[int, int]],
+                 transport_rss: int):
+        self.inner, self.comm, self.shard, self.rows = inner, comm, shard, rows
+        self.transport_rss = transport_rss
+        inner._engine.set_partial_sums(comm.complete_partial_sums)
+        self._cpu0 = time.process_time()
+
+    def __getattr__(self, name: str) -> Any:  # spec, tokenizer, tokens, context_length, plan ...
+        if name == "forward_tree":  # speculative verification is not split over ranks
+            raise AttributeError(name)
+        return getattr(self.inner, name)
+
+    def forward(self, tokens: Sequence[int], *, all_logits: bool = False) -> np.ndarray:
+        logits = self.inner.forward(tokens, all_logits=all_logits)
+        if len(logits):
+            self.comm.allgather_rows(logits, self.rows)
+        return logits
+
+    def truncate(self, n_tokens: int) -> None:
+        self.inner.truncate(n_tokens)
+
+    def reset(self) -> None:
+        self.inner.reset()
+
+    def close(self) -> None:
+        self.inner.close()
+
+    def stats(self) -> dict[str, Any]:
+        out = self.inner.stats()
+        s = self.comm.stats
+        out.update({"engine": self.name, "rank": self.comm.rank, "ranks": self.comm.size, "comm_wait": self.comm.wait,
+                    "allreduces": s.allreduces, "allreduce_s": round(s.allreduce_s, 6), "logit_gathers": s.gathers,
+                    "logit_gather_s": round(s.gather_s, 6), "transport_rss_bytes": self.transport_rss,
+                    "cpu_s": round(time.process_time() - self._cpu0, 6)})
+        return out
+
+
+def load_rank(path: str | Path, comm: Communicator, *, memory_budget: str | int | None = None,
+              transport_rss: int = 0, speculative: str = "none", **options: Any) -> LoadedModel:
+    """This rank's part of a split model. `memory_budget` is this rank's whole budget: what the
+    transport added to the process (`transport_rss`, measured by the caller) comes out of it."""
+    if speculative != "none":
+        raise UserError("speculative decoding does not run on several ranks yet; leave --speculative off")
+    bundle = rank_path(path, comm.rank)
+    budget = None
+    if memory_budget is not None:
+        budget = parse_size(memory_budget) - transport_rss
+        if budget <= 0:
+            raise UserError(f"memory budget {memory_budget}: the transport alone takes {transport_rss / 2**20:.1f} MiB")
+    loaded = load_model(bundle, memory_budget=budget, engine="native", **options)
+    shard = shard_of(loaded.source)
+    if shard is None:
+        raise UserError(f"{bundle}: not a per-rank bundle (write them with `edgeflash export SOURCE -o OUT --ranks N`)")
+    if shard.ranks != comm.size or shard.rank != comm.rank:
+        raise UserError(f"{bundle}: holds rank {shard.rank} of {shard.ranks}, but this is rank {comm.rank} of "
+                        f"{comm.size}; launch it with mpirun -n {shard.ranks}")
+    full_spec = loaded.source.spec  # the whole vocabulary (a rank's spec has its heads and neurons only)
+    rows = [s.vocab for s in plan_shards(_whole_spec(loaded), shard.ranks)]
+    if rows[comm.rank] != shard.vocab or full_spec.vocab_size != rows[-1][1]:
+        raise UserError(f"{bundle}: its vocabulary rows {shard.vocab} do not match a split over {shard.ranks} ranks")
+    loaded.engine = DistributedEngine(loaded.engine, comm, shard, rows, transport_rss)
+    return loaded
+
+
+def _whole_spec(loaded: LoadedModel):
+    from edgeflash.runtime.spec import ModelSpec
+
+    return ModelSpec.from_dict(loaded.source.info["bundle"].manifest.raw["shard"]["spec"])
+
+
+def start_transport(wait: str = "auto", threads: int = 1) -> tuple[Communicator, int]:
+    """The communicator, and the resident memory starting it added to this process."""
+    before = current_rss_bytes()
+    comm = Communicator(wait=wait, threads=threads)
+    return comm, max(0, current_rss_bytes() - before)
