@@ -76,6 +76,8 @@ class DistributedEngine:
                     "allreduces": s.allreduces, "allreduce_s": round(s.allreduce_s, 6), "logit_gathers": s.gathers,
                     "logit_gather_s": round(s.gather_s, 6), "transport_rss_bytes": self.transport_rss,
                     "cpu_s": round(time.process_time() - self._cpu0, 6)})
+        if out.get("memory_budget_bytes"):  # the rank's whole budget: the transport came out of it
+            out["memory_budget_bytes"] += self.transport_rss
         return out
 
 
