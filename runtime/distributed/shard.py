@@ -1,13 +1,13 @@
 """Which part of a model each rank holds under tensor parallelism, and the tensors of that part.
 
 Rank k of N holds, in every layer, query heads [k*H/N, (k+1)*H/N), the KV heads they read (GQA
-groups stay whole), FFN neurons [k*F/N, (k+1)*F/N), and rows [v0, v1) of the embedding and the
+groups stay whole; with fewer KV heads than ranks, a KV head is held by every rank of its group), FFN neurons [k*F/N, (k+1)*F/N), and rows [v0, v1) of the embedding and the
 head (the vocabulary split as evenly as it goes). Its q/k/v rows, o-projection columns, gate/up
 rows and down-projection columns are those of its heads and neurons; norms are whole on every
 rank. Each rank's attention and FFN then give a partial sum of the residual update, completed by
 an all-reduce (two per layer), and its logits cover its own vocabulary rows.
 
-A rank's part is a model of the same family with H/N heads, KV/N KV heads and F/N neurons (its
+A rank's part is a model of the same family with H/N heads, its KV heads and F/N neurons (its
 spec, `rank_spec`), plus the vocabulary rows it holds (`Shard.vocab`).
 """
 
@@ -58,23 +58,35 @@ class Shard:
 
 
 def plan_shards(spec: ModelSpec, ranks: int, where: str = "model") -> list[Shard]:
-    """Every rank's part, or a UserError saying which count does not divide."""
+    """Every rank's part, or a UserError saying which count does not divide.
+
+    With fewer KV heads than ranks (Qwen2.5-1.5B: 2 KV heads on 4 ranks), each KV head is held by
+    ranks / KV ranks, each with the query heads of its group: its keys and values are computed
+    on each of them (a little more reading and compute, no more communication)."""
     if ranks < 1:
         raise UserError(f"ranks = {ranks}: expected an integer >= 1")
-    for what, count in (("KV heads", spec.n_kv_heads), ("FFN neurons", spec.d_ff)):
-        if count % ranks:
-            raise UserError(f"{where}: its {count} {what} do not split evenly over {ranks} ranks; use a rank count "
-                            f"that divides both {spec.n_kv_heads} (KV heads) and {spec.d_ff} (FFN neurons)")
-    h, kv, f, v = spec.n_heads // ranks, spec.n_kv_heads // ranks, spec.d_ff // ranks, spec.vocab_size
-    return [Shard(rank=k, ranks=ranks, heads=(k * h, (k + 1) * h), kv_heads=(k * kv, (k + 1) * kv),
-                  neurons=(k * f, (k + 1) * f), vocab=(k * v // ranks, (k + 1) * v // ranks)) for k in range(ranks)]
+    kv = spec.n_kv_heads
+    fits = spec.n_heads % ranks == 0 and spec.d_ff % ranks == 0 and (kv % ranks == 0 or ranks % kv == 0)
+    if not fits:
+        raise UserError(f"{where}: {spec.n_heads} query heads, {kv} KV heads and {spec.d_ff} FFN neurons do not "
+                        f"split over {ranks} ranks; use a rank count that divides {spec.n_heads} and {spec.d_ff} "
+                        f"and divides or is a multiple of {kv}")
+    h, f, v = spec.n_heads // ranks, spec.d_ff // ranks, spec.vocab_size
+    shards = []
+    for k in range(ranks):
+        kv_range = (k * kv // ranks, (k + 1) * kv // ranks) if kv % ranks == 0 else \
+            (k // (ranks // kv), k // (ranks // kv) + 1)
+        shards.append(Shard(rank=k, ranks=ranks, heads=(k * h, (k + 1) * h), kv_heads=kv_range,
+                            neurons=(k * f, (k + 1) * f), vocab=(k * v // ranks, (k + 1) * v // ranks)))
+    return shards
 
 
 def rank_spec(spec: ModelSpec, shard: Shard) -> ModelSpec:
     """The spec of a rank's part: its heads and neurons (head size, attention scale and the whole
     vocabulary unchanged)."""
-    return dataclasses.replace(spec, n_heads=spec.n_heads // shard.ranks, n_kv_heads=spec.n_kv_heads // shard.ranks,
-                               d_ff=spec.d_ff // shard.ranks, attn_scale=spec.attn_scale)
+    return dataclasses.replace(spec, n_heads=shard.heads[1] - shard.heads[0],
+                               n_kv_heads=shard.kv_heads[1] - shard.kv_heads[0],
+                               d_ff=shard.neurons[1] - shard.neurons[0], attn_scale=spec.attn_scale)
 
 
 def cut_tensor(t: Tensor, spec: ModelSpec, shard: Shard) -> Tensor:
