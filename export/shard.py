@@ -18,7 +18,13 @@ from edgeflash.export.partition import BlockPlan
 from edgeflash.export.sources.resolve import load_source
 from edgeflash.export.writer import check_output, write_bundle
 from edgeflash.runtime.bundle.layout import FORMAT_VERSION, MAGIC, block_of_tensor, block_sort_key
-from edgeflash.runtime.distributed.shard import column_format, cut_tensor, is_column_cut, plan_shards, rank_spec
+from edgeflash.runtime.distributed.shard import (
+    column_format,
+    cut_tensor,
+    is_column_cut,
+    plan_shards,
+    rank_spec,
+)
 from edgeflash.runtime.tensors import Tensor
 
 RANK_DIR = "rank-{rank}"

@@ -10,8 +10,9 @@ same generation loop, in step).
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 import numpy as np
 from edgeflash.base.errors import UserError

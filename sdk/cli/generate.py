@@ -10,7 +10,6 @@ from pathlib import Path
 from typing import Any
 
 from edgeflash.base.errors import UserError
-from edgeflash.cli.ranks import add_rank_options, generate_on_ranks
 from edgeflash.cli.args import (
     add_advanced_engine_options,
     add_advanced_sampling_options,
@@ -22,6 +21,7 @@ from edgeflash.cli.args import (
     sampling_kwargs,
     warn_without_chat_template,
 )
+from edgeflash.cli.ranks import add_rank_options, generate_on_ranks
 
 HELP = "generate text from a prompt"
 DESCRIPTION = """Generate a continuation of PROMPT and stream it to stdout.
@@ -103,7 +103,7 @@ def run(args: argparse.Namespace) -> int:
 
     prompt = read_prompt(args)
     if launched_by_mpi():  # one rank of a split model (edgeflash export --ranks N)
-        return generate_on_ranks(args, prompt)
+        return generate_on_ranks(args, prompt, memory_stats, summary_line)
     baseline = current_rss_bytes()
     t0 = time.perf_counter()
     model = ef.load(args.model, **load_kwargs(args))

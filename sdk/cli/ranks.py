@@ -12,6 +12,7 @@ import argparse
 import json
 import sys
 import time
+from collections.abc import Callable
 from typing import Any
 
 from edgeflash.cli.args import load_kwargs, sampling_kwargs, warn_without_chat_template
@@ -30,11 +31,11 @@ def load_on_ranks(args: argparse.Namespace) -> tuple[Any, Any, int]:
     return Model(load_rank(args.model, comm, transport_rss=transport, **options)), comm, baseline
 
 
-def generate_on_ranks(args: argparse.Namespace, prompt: str) -> int:
+def generate_on_ranks(args: argparse.Namespace, prompt: str, memory_stats: Callable, summary_line: Callable) -> int:
+    """`edgeflash generate` on one rank; `memory_stats` and `summary_line` are the command's own."""
     import io
 
     from edgeflash.base.rss import peak_rss_bytes
-    from edgeflash.cli.generate import memory_stats, summary_line
 
     t0 = time.perf_counter()
     model, comm, baseline = load_on_ranks(args)

@@ -132,7 +132,7 @@ def up(n: int, link: str = "ethernet", prefix: str = DEFAULT_PREFIX) -> list[str
 def ping_ms(src: int, dst: int, count: int = 20, prefix: str = DEFAULT_PREFIX) -> float:
     """Median round trip from host src to host dst, in milliseconds."""
     out = _in_ns(namespace(src, prefix), "ping", "-c", str(count), "-i", "0.01", "-q", address(dst)).stdout
-    line = [x for x in out.splitlines() if "min/avg" in x][0]
+    line = next(x for x in out.splitlines() if "min/avg" in x)
     return float(line.split("=")[1].split("/")[1])
 
 
@@ -213,13 +213,12 @@ def switch_main(n: int, link: str, prefix: str) -> int:
     return 0
 
 
-def agent_main(argv: list[str]) -> int:
-    """Open MPI's launch agent (instead of ssh): `agent [options] HOST COMMAND...` runs COMMAND
-    in the namespace whose address is HOST."""
+def agent_main(argv: list[str], prefix: str) -> int:
+    """Open MPI's launch agent instead of ssh: `agent-PREFIX [options] HOST COMMAND...` runs COMMAND
+    in the namespace whose address is HOST (no ':' in the name: Open MPI reads one as a list)."""
     while argv and argv[0].startswith("-"):  # ssh-style flags before the host (-x)
         argv = argv[1:]
     host, command = argv[0], " ".join(argv[1:])
-    prefix = os.environ.get("EF_BOARDS_PREFIX", DEFAULT_PREFIX)
     rank = int(host.rsplit(".", 1)[1]) - 1
     os.execvp("ip", ["ip", "netns", "exec", namespace(rank, prefix), "/bin/sh", "-c", command])
 
@@ -227,18 +226,18 @@ def agent_main(argv: list[str]) -> int:
 def mpirun_command(n: int, command: list[str], prefix: str = DEFAULT_PREFIX, extra: list[str] | None = None
                    ) -> list[str]:
     """`mpirun` across hosts 0..n-1 (one rank each, rank k on host k), run from namespace 0."""
-    agent = f"{sys.executable} {Path(__file__).resolve()} agent"
+    agent = f"{sys.executable} {Path(__file__).resolve()} agent-{prefix}"
     hosts = ",".join(f"{address(k)}:1" for k in range(n))
     return ["ip", "netns", "exec", namespace(0, prefix), "mpirun", "--allow-run-as-root", "-n", str(n),
             "--host", hosts, "--map-by", "node", "--mca", "plm_rsh_agent", agent,
             "--mca", "btl", "tcp,self", "--mca", "btl_tcp_if_include", "eth0", "--mca", "oob_tcp_if_include", "eth0",
-            "-x", f"EF_BOARDS_PREFIX={prefix}", *(extra or []), *command]
+            *(extra or []), *command]
 
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    if argv and argv[0] == "agent":
-        return agent_main(argv[1:])
+    if argv and argv[0].startswith("agent-"):
+        return agent_main(argv[1:], argv[0].split("-", 1)[1])
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--prefix", default=DEFAULT_PREFIX)
     sub = p.add_subparsers(dest="cmd", required=True)
