@@ -64,14 +64,15 @@ def run_single(model: str, budget: int, tokens: int) -> dict:
     return _json(done)
 
 
-def run_ranks(split: str, n: int, budget: int, tokens: int, link: str) -> tuple[dict, float, float]:
+def run_ranks(split: str, n: int, budget: int, tokens: int, link: str, wait: str) -> tuple[dict, float, float]:
     """(rank 0's JSON with every rank's statistics, the link's ping round trip in ms, the switch's CPU s)."""
     boards.up(n, link, PREFIX)
     try:
         rtt = boards.ping_ms(0, n - 1, count=30, prefix=PREFIX)
         switch_pid = int(boards._pid_file(PREFIX).read_text())
         cpu0 = _cpu_s(switch_pid)
-        cmd = boards.mpirun_command(n, generate_args(split, budget, tokens, 1) + ["--comm-wait", "poll"], PREFIX)
+        cmd = boards.mpirun_command(n, generate_args(split, budget, tokens, 1) + ["--comm-wait", wait], PREFIX,
+                                     extra=["--mca", "mpi_yield_when_idle", "1"] if wait == "spin" else None)
         done = subprocess.run(cmd, check=False, capture_output=True, text=True, timeout=3600,
                               env={**os.environ, **MPI_ENV})
         return _json(done), rtt, _cpu_s(switch_pid) - cpu0
@@ -87,6 +88,9 @@ def main() -> None:
     p.add_argument("--tokens", type=int, default=16)
     p.add_argument("--link", default="ethernet", choices=sorted(boards.LINKS))
     p.add_argument("--name", default="random-qwen2-7b")
+    p.add_argument("--comm-wait", default="poll", choices=("poll", "spin"),
+                   help="how ranks wait for all-reduces (spin: MPI's own wait, yielding the core when idle)")
+    p.add_argument("--skip-single", action="store_true", help=argparse.SUPPRESS)
     args = p.parse_args()
 
     from edgeflash.runtime.sources import open_model
@@ -114,9 +118,9 @@ def main() -> None:
         n_text, split = item.split("=", 1)
         n = int(n_text)
         t = time.perf_counter()
-        out, rtt, switch_cpu = run_ranks(split, n, budget, args.tokens, args.link)
+        out, rtt, switch_cpu = run_ranks(split, n, budget, args.tokens, args.link, args.comm_wait)
         ranks = out["per_rank"]
-        config = f"{n} ranks, {args.link}"
+        config = f"{n} ranks, {args.link}, {args.comm_wait}"
         same = out["text"] == single["text"]  # greedy text of the same token ids
         decode = out["decode_tok_s"]
         gen = max(1, out["generated_tokens"])

@@ -23,6 +23,7 @@ from edgeflash.base.errors import UserError
 
 WAITS = ("auto", "spin", "poll")
 POLL_SLEEP_S = 20e-6
+IDLE_SLEEP_S = 1e-3  # a follower between requests
 PR_SET_TIMERSLACK = 29
 LAUNCHER_ENV = ("OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_RANK")  # set by mpirun / mpiexec
 
@@ -104,12 +105,38 @@ class Communicator:
         self.stats.gathers += 1
         self.stats.gather_s += time.perf_counter() - start
 
-    def _wait(self, request: Any) -> None:
-        if self.wait == "spin":
+    def gather_rows(self, logits: np.ndarray, rows: list[tuple[int, int]], root: int = 0) -> None:
+        """Like allgather_rows, but only `root` receives the whole rows (a leader samples for all)."""
+        start = time.perf_counter()
+        MPI = self.MPI
+        counts = [v1 - v0 for v0, v1 in rows]
+        displs = [v0 for v0, _ in rows]
+        v0, v1 = rows[self.rank]
+        for r in range(logits.shape[0]):
+            row = logits[r]
+            if self.rank == root:
+                self._wait(self.comm.Igatherv(MPI.IN_PLACE, [row, counts, displs, MPI.FLOAT], root=root))
+            else:
+                self._wait(self.comm.Igatherv(row[v0:v1], None, root=root))
+        self.stats.gathers += 1
+        self.stats.gather_s += time.perf_counter() - start
+
+    def bcast_ints(self, values: np.ndarray | None, count: int, root: int = 0, idle: bool = False) -> np.ndarray:
+        """`count` int64 values from `root` (every rank gives the count). `idle`: the wait may be long
+        (a follower waiting for the next request), so its polls back off to a millisecond."""
+        buf = np.zeros(count, np.int64) if values is None else np.ascontiguousarray(values, np.int64)
+        self._wait(self.comm.Ibcast(buf, root=root), idle=idle)
+        return buf
+
+    def _wait(self, request: Any, idle: bool = False) -> None:
+        if self.wait == "spin" and not idle:
             request.Wait()
             return
+        sleep = POLL_SLEEP_S
         while not request.Test():
-            time.sleep(POLL_SLEEP_S)
+            time.sleep(sleep)
+            if idle:
+                sleep = min(IDLE_SLEEP_S, sleep * 2)
 
     def bcast(self, obj: Any, root: int = 0) -> Any:
         return self.comm.bcast(obj, root=root)

@@ -38,15 +38,24 @@ def rank_path(path: str | Path, rank: int) -> Path:
     return candidate
 
 
+# What a leader tells its followers to run (the header of each engine call).
+OP_FORWARD, OP_FORWARD_ALL, OP_TRUNCATE, OP_RESET, OP_STOP = range(5)
+
+
 class DistributedEngine:
-    """The Engine contract (forward, truncate, reset, stats) for one rank of a split model."""
+    """The Engine contract (forward, truncate, reset, stats) for one rank of a split model.
+
+    Two ways to run the ranks: every rank runs the same generation loop (`lead=False`: each gets
+    every logit and samples the same token), or rank 0 leads (`lead=True`: its generation loop,
+    a server's for instance, drives the engine, every call is sent to the other ranks, which run
+    `follow`, and only rank 0 receives the logits)."""
 
     name = "native-tp"
 
     def __init__(self, inner: NativeEngine, comm: Communicator, shard: Shard, rows: list[tuple[int, int]],
-                 transport_rss: int):
+                 transport_rss: int, lead: bool = False):
         self.inner, self.comm, self.shard, self.rows = inner, comm, shard, rows
-        self.transport_rss = transport_rss
+        self.transport_rss, self.lead = transport_rss, lead
         inner._engine.set_partial_sums(comm.complete_partial_sums)
         self._cpu0 = time.process_time()
 
@@ -56,19 +65,57 @@ class DistributedEngine:
         return getattr(self.inner, name)
 
     def forward(self, tokens: Sequence[int], *, all_logits: bool = False) -> np.ndarray:
+        if self.lead:
+            self._tell(OP_FORWARD_ALL if all_logits else OP_FORWARD, tokens)
+        return self._forward(tokens, all_logits)
+
+    def _forward(self, tokens: Sequence[int], all_logits: bool) -> np.ndarray:
         logits = self.inner.forward(tokens, all_logits=all_logits)
         if len(logits):
-            self.comm.allgather_rows(logits, self.rows)
+            if self.lead or self.comm.rank != 0 and self._following:
+                self.comm.gather_rows(logits, self.rows)
+            else:
+                self.comm.allgather_rows(logits, self.rows)
         return logits
 
     def truncate(self, n_tokens: int) -> None:
+        if self.lead:
+            self._tell(OP_TRUNCATE, [n_tokens])
         self.inner.truncate(n_tokens)
 
     def reset(self) -> None:
+        if self.lead:
+            self._tell(OP_RESET, [])
         self.inner.reset()
 
     def close(self) -> None:
+        """A leader releases its followers (their `follow` returns)."""
+        if self.lead:
+            self._tell(OP_STOP, [])
+            self.lead = False
         self.inner.close()
+
+    _following = False
+
+    def _tell(self, op: int, values: Sequence[int]) -> None:
+        self.comm.bcast_ints(np.array([op, len(values)]), 2)
+        if len(values):
+            self.comm.bcast_ints(np.asarray(values), len(values))
+
+    def follow(self) -> None:
+        """Run what rank 0 (a leader) asks until it stops: ranks > 0 of a served model."""
+        self._following = True
+        while True:
+            op, n = (int(v) for v in self.comm.bcast_ints(None, 2, idle=True))
+            values = self.comm.bcast_ints(None, n) if n else np.empty(0, np.int64)
+            if op == OP_STOP:
+                return
+            if op in (OP_FORWARD, OP_FORWARD_ALL):
+                self._forward(values.astype(np.int32), op == OP_FORWARD_ALL)
+            elif op == OP_TRUNCATE:
+                self.inner.truncate(int(values[0]))
+            elif op == OP_RESET:
+                self.inner.reset()
 
     def stats(self) -> dict[str, Any]:
         out = self.inner.stats()
@@ -83,7 +130,7 @@ class DistributedEngine:
 
 
 def load_rank(path: str | Path, comm: Communicator, *, memory_budget: str | int | None = None,
-              transport_rss: int = 0, speculative: str = "none", **options: Any) -> LoadedModel:
+              transport_rss: int = 0, speculative: str = "none", lead: bool = False, **options: Any) -> LoadedModel:
     """This rank's part of a split model. `memory_budget` is this rank's whole budget: what the
     transport added to the process (`transport_rss`, measured by the caller) comes out of it."""
     if speculative != "none":
@@ -105,7 +152,7 @@ def load_rank(path: str | Path, comm: Communicator, *, memory_budget: str | int 
     rows = [s.vocab for s in plan_shards(_whole_spec(loaded), shard.ranks)]
     if rows[comm.rank] != shard.vocab or full_spec.vocab_size != rows[-1][1]:
         raise UserError(f"{bundle}: its vocabulary rows {shard.vocab} do not match a split over {shard.ranks} ranks")
-    loaded.engine = DistributedEngine(loaded.engine, comm, shard, rows, transport_rss)
+    loaded.engine = DistributedEngine(loaded.engine, comm, shard, rows, transport_rss, lead=lead and comm.rank == 0)
     return loaded
 
 

@@ -2,9 +2,11 @@
 
     edgeflash export model.gguf -o split/ --ranks 4
     mpirun -n 4 --host a,b,c,d edgeflash generate -m split/ --memory-budget 1GiB -p "..."
+    mpirun -n 4 --host a,b,c,d edgeflash serve -m split/ --memory-budget 1GiB --host 0.0.0.0
 
-Each rank opens split/rank-<k> under its own --memory-budget and runs the same generation loop;
-rank 0 prints the text and statistics (with --json, every rank's statistics)."""
+Each rank opens split/rank-<k> under its own --memory-budget. `generate`: every rank runs the
+same generation loop and rank 0 prints the text and statistics (with --json, every rank's).
+`serve`: rank 0 runs the server and each engine call it makes is sent to the other ranks."""
 
 from __future__ import annotations
 
@@ -18,8 +20,9 @@ from typing import Any
 from edgeflash.cli.args import load_kwargs, sampling_kwargs, warn_without_chat_template
 
 
-def load_on_ranks(args: argparse.Namespace) -> tuple[Any, Any, int]:
-    """(model, communicator, baseline RSS): this rank's part, the budget covering the transport too."""
+def load_on_ranks(args: argparse.Namespace, lead: bool = False) -> tuple[Any, Any, int]:
+    """(model, communicator, baseline RSS): this rank's part, the budget covering the transport too.
+    `lead`: rank 0 drives and the others follow (a server), instead of all running one loop."""
     from edgeflash.api import Model
     from edgeflash.base.rss import current_rss_bytes
     from edgeflash.runtime.distributed.engine import load_rank, start_transport
@@ -28,7 +31,7 @@ def load_on_ranks(args: argparse.Namespace) -> tuple[Any, Any, int]:
     comm, transport = start_transport(args.comm_wait, args.threads)
     options = load_kwargs(args)
     options.pop("engine")
-    return Model(load_rank(args.model, comm, transport_rss=transport, **options)), comm, baseline
+    return Model(load_rank(args.model, comm, transport_rss=transport, lead=lead, **options)), comm, baseline
 
 
 def generate_on_ranks(args: argparse.Namespace, prompt: str, memory_stats: Callable, summary_line: Callable) -> int:

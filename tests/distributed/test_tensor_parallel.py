@@ -99,3 +99,33 @@ def test_cli_generate_under_mpirun(tiny_models, tmp_path):
 
     expected = ef.load(tiny_models["llama-mha-tied-llama3-rope"]).generate(PROMPT, max_tokens=8, temperature=0.0)
     assert out["text"] == expected.text
+
+
+def test_serve_on_rank_zero(tiny_models, tmp_path):
+    """`mpirun -n 2 edgeflash serve -m SPLIT`: rank 0 answers HTTP, rank 1 follows its engine calls."""
+    import json
+    import signal
+    import urllib.request
+
+    split(tiny_models["llama-gqa-untied"], tmp_path / "split", 2)
+    server = subprocess.Popen(["mpirun", "-n", "2", sys.executable, "-m", "edgeflash.cli.main", "serve", "-m",
+                               str(tmp_path / "split"), "--port", "0", "--quiet", "--temp", "0", "--repeat-penalty", "1"],
+                              stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True, env={**os.environ, **MPI_ENV})
+    try:
+        line = server.stdout.readline()
+        assert "listening on http://" in line, line + server.stderr.read()[-3000:]
+        url = line.split("listening on ")[1].split()[0]
+        answers = []
+        for _ in range(2):  # the second request reuses the follower's cache the way the leader does
+            body = json.dumps({"prompt": PROMPT, "max_tokens": 8, "temperature": 0}).encode()
+            request = urllib.request.Request(url + "/v1/completions", body, {"Content-Type": "application/json"})
+            with urllib.request.urlopen(request, timeout=120) as response:
+                answers.append(json.loads(response.read())["choices"][0]["text"])
+    finally:
+        server.send_signal(signal.SIGTERM)
+        server.wait(timeout=60)
+    import edgeflash as ef
+
+    expected = ef.load(tiny_models["llama-gqa-untied"]).generate(PROMPT, max_tokens=8, temperature=0.0).text
+    assert answers == [expected, expected]
