@@ -123,7 +123,8 @@ class DistributedEngine:
         out.update({"engine": self.name, "rank": self.comm.rank, "ranks": self.comm.size, "comm_wait": self.comm.wait,
                     "allreduces": s.allreduces, "allreduce_s": round(s.allreduce_s, 6), "logit_gathers": s.gathers,
                     "logit_gather_s": round(s.gather_s, 6), "transport_rss_bytes": self.transport_rss,
-                    "cpu_s": round(time.process_time() - self._cpu0, 6)})
+                    "cpu_s": round(time.process_time() - self._cpu0, 6), "d_model": self.inner.spec.d_model,
+                    "vocab_size": self.inner.spec.vocab_size})
         if out.get("memory_budget_bytes"):  # the rank's whole budget: the transport came out of it
             out["memory_budget_bytes"] += self.transport_rss
         return out
