@@ -23,6 +23,7 @@ from edgeflash.base.errors import UserError
 
 WAITS = ("auto", "spin", "poll")
 POLL_SLEEP_S = 20e-6
+POLL_MAX_SLEEP_S = 320e-6
 IDLE_SLEEP_S = 1e-3  # a follower between requests
 PR_SET_TIMERSLACK = 29
 LAUNCHER_ENV = ("OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_RANK")  # set by mpirun / mpiexec
@@ -87,8 +88,7 @@ class Communicator:
             self.comm.Allreduce(MPI.IN_PLACE, x, op=MPI.SUM)
             return
         request = self.comm.Iallreduce(MPI.IN_PLACE, x, op=MPI.SUM)
-        while not request.Test():
-            time.sleep(POLL_SLEEP_S)
+        self._wait(request)
 
     # -- logits and control ------------------------------------------------------------------------
 
@@ -132,11 +132,12 @@ class Communicator:
         if self.wait == "spin" and not idle:
             request.Wait()
             return
-        sleep = POLL_SLEEP_S
+        # Sleeps grow while the wait lasts: a peer that needs the shared core to finish its part gets
+        # it without being interrupted every few microseconds, and a short wait still ends soon.
+        sleep, longest = POLL_SLEEP_S, IDLE_SLEEP_S if idle else POLL_MAX_SLEEP_S
         while not request.Test():
             time.sleep(sleep)
-            if idle:
-                sleep = min(IDLE_SLEEP_S, sleep * 2)
+            sleep = min(longest, sleep * 2)
 
     def bcast(self, obj: Any, root: int = 0) -> Any:
         return self.comm.bcast(obj, root=root)
