@@ -18,6 +18,7 @@ import numpy as np
 from edgeflash.base.errors import UserError
 from edgeflash.base.rss import current_rss_bytes
 from edgeflash.base.sizes import parse_size
+from edgeflash.memory.planner import BudgetError
 from edgeflash.runtime.distributed.comm import Communicator
 from edgeflash.runtime.distributed.shard import Shard, plan_shards, shard_of
 from edgeflash.runtime.loader import LoadedModel, load_model
@@ -142,7 +143,12 @@ def load_rank(path: str | Path, comm: Communicator, *, memory_budget: str | int 
         budget = parse_size(memory_budget) - transport_rss
         if budget <= 0:
             raise UserError(f"memory budget {memory_budget}: the transport alone takes {transport_rss / 2**20:.1f} MiB")
-    loaded = load_model(bundle, memory_budget=budget, engine="native", **options)
+    try:
+        loaded = load_model(bundle, memory_budget=budget, engine="native", **options)
+    except BudgetError as e:  # the planner saw the budget less the transport: say so
+        raise BudgetError(f"rank {comm.rank}: {e} (of --memory-budget {memory_budget}, MPI took "
+                          f"{transport_rss / 2**20:.1f} MiB; the planner had the rest)",
+                          e.minimum_bytes + transport_rss if e.minimum_bytes else None) from None
     shard = shard_of(loaded.source)
     if shard is None:
         raise UserError(f"{bundle}: not a per-rank bundle (write them with `edgeflash export SOURCE -o OUT --ranks N`)")

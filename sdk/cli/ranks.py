@@ -17,7 +17,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from edgeflash.cli.args import load_kwargs, sampling_kwargs, warn_without_chat_template
+from edgeflash.cli.args import advanced_group, load_kwargs, sampling_kwargs, warn_without_chat_template
 
 
 def load_on_ranks(args: argparse.Namespace, lead: bool = False) -> tuple[Any, Any, int]:
@@ -74,6 +74,6 @@ def generate_on_ranks(args: argparse.Namespace, prompt: str, memory_stats: Calla
 
 
 def add_rank_options(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--comm-wait", choices=("auto", "spin", "poll"), default="auto",
+    advanced_group(p).add_argument("--comm-wait", choices=("auto", "spin", "poll"), default="auto",
                    help="under mpirun: how a rank waits for an all-reduce; auto polls when ranks share this "
                         "host's cores (default: %(default)s)")
