@@ -52,7 +52,8 @@ def source_layout(source: ModelSource) -> WeightLayout:
     else:
         raise UserError(f"{source.path}: a memory budget needs a GGUF file or an edgeflash bundle "
                         f"(export this {source.kind} model with `edgeflash export`)")
-    return build_layout(path, locations, n_layers=source.spec.n_layers, head_rows=source.spec.vocab_size,
+    head = source.tensors["output.weight" if "output.weight" in source.tensors else "token_embd.weight"]
+    return build_layout(path, locations, n_layers=source.spec.n_layers, head_rows=head.rows,  # a rank's rows
                         pinned=frozenset(source.info.get("rewritten_tensors", [])))
 
 

@@ -18,6 +18,7 @@ from edgeflash.base.errors import ModelFormatError, UserError
 from edgeflash.kernels import _native
 from edgeflash.kernels.formats import KERNEL_FORMATS
 from edgeflash.runtime.bundle.arena import ArenaTensor
+from edgeflash.runtime.distributed.shard import vocab_rows
 from edgeflash.runtime.native_config import engine_options, engine_shape, layer_shapes
 from edgeflash.runtime.source import ModelSource
 from edgeflash.runtime.tensors import Tensor
@@ -70,8 +71,10 @@ class NativeEngine:
         self.threads = threads
         kernels.set_num_threads(threads)
         self.conversions: dict[str, str] = {}
+        shape = engine_shape(spec)
+        shape.vocab_begin, shape.vocab_end = vocab_rows(source)  # a rank of a split model holds some rows
         try:
-            self._engine = _native.Engine(engine_shape(spec), layer_shapes(spec), self.options)
+            self._engine = _native.Engine(shape, layer_shapes(spec), self.options)
         except ValueError as e:
             raise UserError(f"{source.path}: {e}") from None
         self.tokens: list[int] = []

@@ -20,6 +20,8 @@ def load_hf(model: BenchModel):
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    if model.name == "random-7b":
+        raise SystemExit("random-7b: transformers' fp32 copy would need about 30 GB; run llama.cpp or edgeflash on it")
     cache = hf_dir(model)
     if not (cache / "config.json").exists():
         gguf = model.gguf_path()
@@ -33,8 +35,9 @@ def load_hf(model: BenchModel):
 
 def load_tokenizer(model: BenchModel):
     """The tokenizer alone, from the cached copy when there is one (reading the GGUF's is slower)."""
-    from models import load_hf_tokenizer
     from transformers import AutoTokenizer
+
+    from models import load_hf_tokenizer
 
     cache = hf_dir(model)
     return AutoTokenizer.from_pretrained(cache) if (cache / "tokenizer.json").exists() else load_hf_tokenizer(model)

@@ -97,6 +97,19 @@ class FfnHook {
   virtual void compute(int64_t layer, const LayerWeights& w, const float* x, int64_t n, float* out) = 0;
 };
 
+// Tensor parallelism: a rank holds a share of every layer's attention heads and FFN neurons, so the
+// attention output projection and the FFN down projection each give it a partial sum of the
+// residual update, and `complete` sums those across ranks in place (an all-reduce). With the
+// vocabulary split by rows, the embedding rows are partial too (a rank has zeros for the tokens it
+// does not hold). Every rank calls it at the same points in the same order.
+class PartialSums {
+ public:
+  enum class Point : int { embedding = 0, attention = 1, ffn = 2 };
+  virtual ~PartialSums() = default;
+  // x: [count] floats, replaced by their sum over ranks; layer is -1 for the embedding.
+  virtual void complete(Point point, int64_t layer, float* x, int64_t count) = 0;
+};
+
 // Where embedding rows come from when the table is not resident (read on demand).
 class EmbeddingSource {
  public:

@@ -103,6 +103,10 @@ Engine::Engine(const ModelShape& shape, std::vector<LayerShape> layers, const En
   if (options_.kv_format != Format::f16 && options_.kv_format != Format::q8_0)
     throw engine_error("the KV cache format must be f16 or q8_0");
   if (shape_.n_heads % shape_.n_kv_heads) throw engine_error("n_heads must be a multiple of n_kv_heads");
+  if (shape_.vocab_begin == 0 && shape_.vocab_end == 0) shape_.vocab_end = shape_.vocab;
+  if (shape_.vocab_begin < 0 || shape_.vocab_begin >= shape_.vocab_end || shape_.vocab_end > shape_.vocab)
+    throw engine_error("the vocabulary rows [" + std::to_string(shape_.vocab_begin) + ", " +
+                       std::to_string(shape_.vocab_end) + ") are not inside 0.." + std::to_string(shape_.vocab));
   // Every buffer the forward pass may use, allocated now with the sizes plan_memory counts:
   // nothing grows while the model runs (a budgeted run plans with these numbers).
   const BufferSizes z = buffer_sizes(shape_, layer_shapes_, options_);
@@ -261,6 +265,7 @@ void Engine::run_block(int64_t layer, const LayerWeights& w, int64_t n, const in
   a.out = attn_.data();
   attention(cache, a);
   linear(w.o, attn_.data(), xq_, false, n, h);
+  complete(PartialSums::Point::attention, layer, h, n * d);
   if (s.sandwich_norm) rms_norm(h, w.post_attn_norm, h, n, d, s.norm_eps);
   add_into(x, h, n * d);
 
@@ -278,6 +283,7 @@ void Engine::run_block(int64_t layer, const LayerWeights& w, int64_t n, const in
     gated_act(gate_.data(), up_.data(), gate_.data(), n * s.d_ff, s.act);
     linear(w.down, gate_.data(), xq_, false, n, h);
   }
+  complete(PartialSums::Point::ffn, layer, h, n * d);
   if (s.sandwich_norm) rms_norm(h, w.post_ffn_norm, h, n, d, s.norm_eps);
   add_into(x, h, n * d);
 }
@@ -308,10 +314,7 @@ void Engine::forward(const int32_t* tokens, const int32_t* positions, int64_t n,
   commit(nullptr, 0);  // drop an uncommitted tree from an earlier call
 
   // Embedding rows, scaled.
-  if (embed_source_)
-    embed_source_->rows(tokens, n, x_.data());
-  else
-    dequantize_rows(embed_, tokens, n, x_.data());
+  embed(tokens, n, x_.data());
   if (s.embedding_scale != 1.0f)
     for (int64_t i = 0; i < n * s.d_model; ++i) x_[i] *= s.embedding_scale;
 
@@ -348,6 +351,33 @@ void Engine::forward(const int32_t* tokens, const int32_t* positions, int64_t n,
   }
 }
 
+void Engine::complete(PartialSums::Point point, int64_t layer, float* x, int64_t count) {
+  if (partial_sums_) partial_sums_->complete(point, layer, x, count);
+}
+
+void Engine::embed(const int32_t* tokens, int64_t n, float* x) {
+  const ModelShape& s = shape_;
+  if (s.vocab_begin == 0 && s.vocab_end == s.vocab) {
+    if (embed_source_)
+      embed_source_->rows(tokens, n, x);
+    else
+      dequantize_rows(embed_, tokens, n, x);
+    return;
+  }
+  // This rank holds rows [vocab_begin, vocab_end): its tokens' rows, zeros for the others, summed over ranks.
+  if (!partial_sums_) throw engine_error("a share of the vocabulary needs the partial sums of the other ranks");
+  std::memset(x, 0, static_cast<size_t>(n * s.d_model) * sizeof(float));
+  for (int64_t j = 0; j < n; ++j) {
+    if (tokens[j] < s.vocab_begin || tokens[j] >= s.vocab_end) continue;
+    const int32_t row = static_cast<int32_t>(tokens[j] - s.vocab_begin);
+    if (embed_source_)
+      embed_source_->rows(&row, 1, x + j * s.d_model);
+    else
+      dequantize_rows(embed_, &row, 1, x + j * s.d_model);
+  }
+  complete(PartialSums::Point::embedding, -1, x, n * s.d_model);
+}
+
 void Engine::set_head_shortlist(const WeightMatrix& rows, std::vector<int32_t> ids) {
   if (rows.rows != static_cast<int64_t>(ids.size()) || rows.cols != shape_.d_model)
     throw engine_error("a shortlist head needs one d_model row per token id");
@@ -376,15 +406,19 @@ void Engine::compute_logits(int64_t m, float* logits) {
     }
     return;
   }
+  // A rank holding part of the vocabulary writes its rows' logits; the others are -inf.
+  const int64_t v0 = shape_.vocab_begin;
+  if (v0 != 0 || shape_.vocab_end != shape_.vocab)
+    std::fill(logits, logits + m * shape_.vocab, -std::numeric_limits<float>::infinity());
   if (!head_source_) {  // resident head, in row chunks so temporaries stay small
     for (int64_t r0 = 0; r0 < head_.rows; r0 += options_.head_chunk) {
       const int64_t rows = std::min(options_.head_chunk, head_.rows - r0);
-      float* out = m == 1 ? logits + r0 : head_part_.data();
+      float* out = m == 1 ? logits + v0 + r0 : head_part_.data();
       linear(rows_of(r0, rows), sel_.data(), xq_, ready, m, out);
       ready = true;
       if (m > 1)
         for (int64_t t = 0; t < m; ++t)
-          std::memcpy(logits + t * shape_.vocab + r0, head_part_.data() + t * rows, rows * sizeof(float));
+          std::memcpy(logits + t * shape_.vocab + v0 + r0, head_part_.data() + t * rows, rows * sizeof(float));
     }
     return;
   }
@@ -392,7 +426,8 @@ void Engine::compute_logits(int64_t m, float* logits) {
   for (int64_t c = 0; c < head_source_->n_chunks(); ++c) {
     int64_t row0 = 0;
     const WeightMatrix& w = head_source_->acquire_chunk(c, &row0);
-    if (row0 < 0 || row0 + w.rows > shape_.vocab) throw engine_error("head chunk rows outside the vocabulary");
+    if (row0 < 0 || v0 + row0 + w.rows > shape_.vocab_end) throw engine_error("head chunk rows outside the vocabulary");
+    row0 += v0;
     if (m == 1) {
       linear(w, sel_.data(), xq_, ready, 1, logits + row0);
     } else {
@@ -434,15 +469,15 @@ void Engine::compute_argmax(int64_t m, int32_t* out) {
     for (int64_t c = 0; c < head_source_->n_chunks(); ++c) {
       int64_t row0 = 0;
       const WeightMatrix& w = head_source_->acquire_chunk(c, &row0);
-      fold(w, row0, nullptr);
+      fold(w, shape_.vocab_begin + row0, nullptr);
       head_source_->release_chunk(c);
     }
   } else {
     const size_t rb = row_bytes(head_.fmt, head_.cols);
     for (int64_t r0 = 0; r0 < head_.rows; r0 += options_.head_chunk) {
       const int64_t rows = std::min(options_.head_chunk, head_.rows - r0);
-      fold(WeightMatrix{head_.data + r0 * rb, static_cast<size_t>(rows) * rb, head_.fmt, rows, head_.cols, 0}, r0,
-           nullptr);
+      fold(WeightMatrix{head_.data + r0 * rb, static_cast<size_t>(rows) * rb, head_.fmt, rows, head_.cols, 0},
+           shape_.vocab_begin + r0, nullptr);
     }
   }
 }

@@ -27,6 +27,10 @@ struct ModelShape {
   Activation act = Activation::silu;
   bool qk_norm = false;
   bool sandwich_norm = false;  // Gemma: norms after attention and after the FFN
+  // Tensor parallelism: the embedding and head rows this engine holds, [vocab_begin, vocab_end) of
+  // the vocabulary (0, 0: all of it). n_heads, n_kv_heads and d_ff are then this rank's share, and
+  // a PartialSums completes what each rank computes (Engine::set_partial_sums).
+  int64_t vocab_begin = 0, vocab_end = 0;
 };
 
 struct LayerShape {
@@ -95,6 +99,7 @@ class Engine {
   // format: 4-bit arenas keep down at 5 bits (a block of a column spans 32 output dimensions,
   // and the residual stream's outlier dimensions cost a 4-bit column more than a 4-bit row).
   void set_arena_down_format(int64_t layer, Format fmt);
+  void set_partial_sums(PartialSums* sums) { partial_sums_ = sums; }  // null = one process holds everything
 
   // Run `n` new tokens (n <= max_batch). positions[j] is token j's position; tree_mask (n x n,
   // nonzero = token i may attend to new token j) is null for a plain sequence. New keys/values
@@ -134,6 +139,8 @@ class Engine {
   void linear(const WeightMatrix& w, const float* x, QuantizedActs& xq, bool xq_ready, int64_t n, float* y);
   void ffn_from_arena(int64_t layer, const WeightMatrix& arena, const float* x, int64_t n, float* out);
   void build_attention_mask(int64_t layer, int64_t n, const uint8_t* tree_mask);
+  void embed(const int32_t* tokens, int64_t n, float* x);
+  void complete(PartialSums::Point point, int64_t layer, float* x, int64_t count);
   void compute_logits(int64_t m, float* logits);
   void compute_argmax(int64_t m, int32_t* out);
 
@@ -147,6 +154,7 @@ class Engine {
   HeadSource* head_source_ = nullptr;
   EmbeddingSource* embed_source_ = nullptr;
   FfnHook* ffn_hook_ = nullptr;
+  PartialSums* partial_sums_ = nullptr;
 
   std::vector<LayerCache> caches_;
   int64_t committed_ = 0;       // positions 0..committed_-1 are in the cache

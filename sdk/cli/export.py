@@ -100,6 +100,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    help="--full-report: skip the round-to-nearest baseline perplexity of calibrated schemes")
     p.add_argument("-t", "--threads", type=positive_int, default=2,
                    help="CPU threads (default: %(default)s)")
+    p.add_argument("--ranks", type=positive_int, default=None, metavar="N",
+                   help="write OUT/rank-0 .. rank-N-1, one bundle per rank of a tensor-parallel run (mpirun -n N "
+                        "edgeflash generate -m OUT); copies the source's encoding, so -q does not apply")
     p.add_argument("-f", "--force", action="store_true", help="replace an existing bundle at OUT")
     p.add_argument("--quiet", action="store_true", help="no progress bars")
     p.add_argument("--tensors", action="store_true", help="list every tensor's format and SQNR in the report")
@@ -124,6 +127,13 @@ def run(args: argparse.Namespace) -> int:
     from edgeflash.runtime.bundle.describe import render, summary
 
     check_target(args.target)  # before any option check: an unknown target is the first thing to say
+    if args.ranks is not None:
+        if args.target != "bundle":
+            raise UserError(f"--ranks: writes bundles, not --target {args.target}")
+        from edgeflash.export.shard import export_shards
+
+        export_shards(args.source, args.output, args.ranks, overwrite=args.force, progress=not args.quiet)
+        return 0
     quant = _quant(args)
     if args.target != "bundle":
         return _run_platform(args, quant)
