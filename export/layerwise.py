@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
-from edgeflash.export.calibrate import LayerCalibration, layer_statistics
+from edgeflash.export.statistics import LayerCalibration, layer_statistics
 from edgeflash.export.torch_ops import LayerRecorder, WindowContext, dense_values, take_layer
 from edgeflash.runtime.families import family
 from edgeflash.runtime.families.common import LayerWeights

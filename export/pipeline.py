@@ -23,7 +23,7 @@ from typing import Any
 
 import numpy as np
 from edgeflash.base.errors import UserError
-from edgeflash.export.calibrate import Calibration, LayerCalibration, token_frequencies
+from edgeflash.export.calibrate import Calibration
 from edgeflash.export.partition import BlockSpec, arena_rows, ffn_layout, plan_layout
 from edgeflash.export.peak_memory import TABLE_CHUNK_VALUES, available_memory, expected_peak, rss_peak_bytes
 from edgeflash.export.progress import StageClock, bar, note
@@ -38,6 +38,7 @@ from edgeflash.export.quantize import (
     source_values,
     sqnr_db,
 )
+from edgeflash.export.statistics import LayerCalibration, token_frequencies
 from edgeflash.export.text import token_windows
 from edgeflash.export.threads import export_threads
 from edgeflash.export.writer import BundleWriter, check_output
