@@ -7,7 +7,8 @@ Each export is `/usr/bin/time -v <tree>/.venv/bin/edgeflash export MODEL -o OUT 
 tree's default settings (peak RSS and wall time from time -v). Rounds alternate old and new. Then both
 bundles are evaluated by this tree's evaluator (the native engine, teacher forcing) on the same
 held-out windows of the model's own text (code for code models), next to the source model, so the
-perplexities compare the exports and not two evaluators. Results go to --out as JSON.
+perplexities compare the exports and not two evaluators. Results go to --out as JSON and, one record
+per value, to benchmarks/results/export-scale.jsonl (config "old" / "new").
 """
 
 from __future__ import annotations
@@ -101,6 +102,24 @@ def main() -> None:
               f"{results['models'][model]['rss_ratio_new_over_old']}x", flush=True)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(results, indent=1))
+    record(results, " ".join(sys.argv))
+
+
+def record(results: dict, command: str) -> None:
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from records import new_run_id, record_values
+
+    run = new_run_id()
+    for model, m in results["models"].items():
+        for name in ("old", "new"):
+            best = min(m["runs"][name], key=lambda r: r["wall_s"])
+            values = {k: best[k] for k in ("wall_s", "cpu_s", "bundle_bytes", "load_before")}
+            values["peak_rss_bytes"] = int(best["peak_rss_mib"] * 2**20)
+            for text, row in m["perplexity"].items():
+                values[f"perplexity:{text}"] = row[name]
+                values[f"perplexity:{text}:source"] = row["source"]
+            record_values(run, Path(model).stem, f"{name} ({results[name]}), {results['quant']}, defaults", values,
+                          command)
 
 
 if __name__ == "__main__":

@@ -6,11 +6,12 @@
 
 from __future__ import annotations
 
+import math
 import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "results"))
-from record import append_results, new_run_id  # noqa: E402
+from record import append_results, new_run_id
 
 KIND = "export-scale"
 UNITS = {"wall_s": "s", "cpu_s": "s", "peak_rss_bytes": "bytes", "bundle_bytes": "bytes", "source_bytes": "bytes",
@@ -22,8 +23,8 @@ def record_values(run: str, model: str, config: str, values: dict[str, float | N
                   notes: str | None = None) -> None:
     records = []
     for metric, value in values.items():
-        if value is None:
-            continue
+        if value is None or (isinstance(value, float) and not math.isfinite(value)):
+            continue  # not measured (a perplexity whose logits were not finite)
         unit = UNITS.get(metric, UNITS.get(metric.split(":")[0], ""))
         records.append({"run": run, "model": model, "config": config, "metric": metric, "value": value,
                         "unit": unit, "command": command, **({"notes": notes} if notes else {})})

@@ -12,6 +12,7 @@ timings, the generation's statistics, the load average) to --results.
 from __future__ import annotations
 
 import argparse
+import datetime
 import json
 import os
 import platform
@@ -48,6 +49,30 @@ def time_v(stderr: str) -> dict:
     cpu = sum(float(re.search(rf"{k} time \(seconds\): (\S+)", stderr).group(1)) for k in ("User", "System"))
     rss = int(re.search(r"Maximum resident set size \(kbytes\): (\d+)", stderr).group(1)) * 1024
     return {"wall_s": round(seconds, 1), "cpu_s": round(cpu, 1), "peak_rss_bytes": rss}
+
+
+def to_results(record: dict, command: str) -> None:
+    """The run as benchmarks/results records (export-scale), one per value."""
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from records import new_run_id, record_values
+
+    report = record.get("report") or {}
+    ppl = report.get("perplexity") or {}
+    values = {"wall_s": record["export"]["wall_s"], "cpu_s": record["export"]["cpu_s"],
+              "peak_rss_bytes": record["export"]["peak_rss_bytes"], "bundle_bytes": record.get("bundle_bytes"),
+              "source_bytes": record.get("source_bytes"), "load_before": round(record["load_before"], 2),
+              "load_after": round(record["load_after"], 2), "perplexity:source": ppl.get("source"),
+              "perplexity:exported": ppl.get("exported"), "delta_pct": ppl.get("delta_pct"),
+              "cgroup_max_usage_bytes": record.get("cgroup_max_usage_bytes")}
+    gen = record.get("generate") or {}
+    if gen.get("stats"):
+        values["generate:decode_tok_s"] = gen["stats"].get("decode_tok_s")
+        values["generate:peak_rss_bytes"] = gen["peak_rss_bytes"]
+    config = "defaults" + (f", memory cgroup {record['cgroup_limit']}" if record.get("cgroup_limit") else "") + (
+        f", then generate --memory-budget {gen['budget']}" if gen else "")
+    when = datetime.datetime.fromtimestamp(record["time"], datetime.timezone.utc)
+    record_values(new_run_id(when), Path(record["model"]).stem, config, values, command,
+                  notes=(report.get("eval") or {}).get("text"))
 
 
 def main() -> None:
@@ -89,6 +114,7 @@ def main() -> None:
     args.results.parent.mkdir(parents=True, exist_ok=True)
     with args.results.open("a") as f:
         f.write(json.dumps(record) + "\n")
+    to_results(record, " ".join(sys.argv))
     print(json.dumps(record, indent=1))
     if cgroup is not None:
         cgroup.rmdir()
