@@ -273,7 +273,7 @@ def _stream(model: ModelSource, writer: BundleWriter, blocks: list[BlockSpec], q
     def finish_layer(run: LayerRun) -> None:
         """Statistics, quantization, arena, predictor and write of one layer: on a second thread,
         while the next layer runs over the calibration windows."""
-        with clock.stage("quantize"):
+        with clock.stage("quantize"), quantize_threads(opts.threads):  # cores calibration leaves idle
             lc = run.statistics(targets, opts.predictor_rank)
             _write_layer(model, writer, by_name, run.layer, qconfig, lc, reports, fallbacks, opts)
             runner.release_layer(run.layer)
