@@ -44,7 +44,7 @@ class ApproximateMode:
     @classmethod
     def configure(cls, weights: BudgetedWeights) -> ApproximateMode:
         if weights.source.kind != "bundle":
-            raise UserError(f"{weights.source.path}: --sparsity and --head-shortlist need a bundle made by "
+            raise UserError(f"{weights.source.path}: --ffn-sparsity and --head-shortlist need a bundle made by "
                             "`edgeflash export` (it holds the neuron arenas, predictors and token counts)")
         mode = cls(weights)
         mode._check()
@@ -58,8 +58,8 @@ class ApproximateMode:
             targets = self.calibration.get("sparsity", {}).get("targets", [])
             match = [k for k, t in enumerate(targets) if abs(t - self.sparsity) < 1e-6]
             if not match:
-                raise UserError(f"--sparsity {self.sparsity}: {where} was calibrated for {targets or 'no sparsity'}; "
-                                "export with --sparsity to add a level")
+                raise UserError(f"--ffn-sparsity {self.sparsity}: {where} was calibrated for {targets or 'no sparsity'}; "
+                                "export with --sparsity-levels to add a level")
             self.level = match[0]
             if not self.calibration.get("predictors"):
                 raise UserError(f"{where}: sparse mode needs the bundle's neuron predictors (export with "
