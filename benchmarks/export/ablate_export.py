@@ -9,7 +9,10 @@ Variants (each changes one thing against `current`, the exporter as it is):
 - dense-rows: no neuron arena (`neuron_arena=False`): the FFN as dense matrices, down in rows of
   d_ff values weighted by E[act^2] (the earlier exporter's dense copy);
 - down-unweighted: the arena's down columns quantized without output weights;
-- down-gains: down columns weighted by the squared gains of the norms their output passes.
+- down-gains: down columns weighted by the squared gains of the norms their output passes;
+- down-q8_0: down columns in q8_0 in every layer; down-q8_0-more-bits: in the layers llama.cpp's
+  Q4_K_M gives more bits in ffn_down (the first and last eighth, every third between);
+  down-q8_0-three-quarters: in every layer but every third one of the middle.
 Bundles are evaluated like compare_exports.py does (native engine, teacher forcing, the source
 model beside them). Results go to --out as JSON and to benchmarks/results/export-scale.jsonl, one
 record per value, config "variant <name>".
@@ -100,6 +103,39 @@ def down_gains() -> Iterator[None]:
         yield
 
 
+def more_bits_layer(layer: int, n_layers: int) -> bool:
+    """The layers llama.cpp's Q4_K_M gives more bits in ffn_down: the first and last eighth and every
+    third one between."""
+    return layer < n_layers // 8 or layer >= 7 * n_layers // 8 or (layer - n_layers // 8) % 3 == 2
+
+
+def down_format(fmt: str, layers: Callable[[int, int], bool]) -> Callable[[], object]:
+    @contextmanager
+    def apply() -> Iterator[None]:
+        import dataclasses
+
+        from edgeflash.export import partition, pipeline
+
+        plan = partition.plan_layout
+
+        def planned(source, config, layout, predictor_rank):
+            blocks = plan(source, config, layout, predictor_rank)
+            for b in blocks:
+                if b.arena is not None and layout == "arena" and layers(b.arena.layer, source.spec.n_layers):
+                    b.arena = dataclasses.replace(b.arena, down_fmt=fmt)
+            return blocks
+
+        with _patched(pipeline, "plan_layout", planned):
+            yield
+
+    return apply
+
+
+def all_but_middle_thirds(layer: int, n_layers: int) -> bool:
+    """Every layer but every third one of the middle (the first and last eighth all included)."""
+    return layer < n_layers // 8 or layer >= 7 * n_layers // 8 or (layer - n_layers // 8) % 3 != 0
+
+
 @contextmanager
 def nothing() -> Iterator[None]:
     yield
@@ -113,6 +149,9 @@ VARIANTS: dict[str, tuple[Callable[[], object], dict]] = {
     "dense-rows": (nothing, {"neuron_arena": False}),
     "down-unweighted": (down_unweighted, {}),
     "down-gains": (down_gains, {}),
+    "down-q8_0": (down_format("q8_0", lambda layer, n: True), {}),
+    "down-q8_0-more-bits": (down_format("q8_0", more_bits_layer), {}),
+    "down-q8_0-three-quarters": (down_format("q8_0", all_but_middle_thirds), {}),
 }
 
 
