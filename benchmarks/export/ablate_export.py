@@ -10,7 +10,7 @@ Variants (each changes one thing against `current`, the exporter as it is):
   d_ff values weighted by E[act^2] (the earlier exporter's dense copy);
 - down-unweighted: the arena's down columns quantized without output weights;
 - down-gains: down columns weighted by the squared gains of the norms their output passes;
-- down-q8_0: down columns in q8_0 in every layer; down-q8_0-more-bits: in the layers llama.cpp's
+- down-q5_0 / down-q8_0: down columns in q5_0 / q8_0 in every layer; down-q8_0-more-bits: in the layers llama.cpp's
   Q4_K_M gives more bits in ffn_down (the first and last eighth, every third between);
   down-q8_0-three-quarters: in every layer but every third one of the middle.
 Bundles are evaluated like compare_exports.py does (native engine, teacher forcing, the source
@@ -149,6 +149,7 @@ VARIANTS: dict[str, tuple[Callable[[], object], dict]] = {
     "dense-rows": (nothing, {"neuron_arena": False}),
     "down-unweighted": (down_unweighted, {}),
     "down-gains": (down_gains, {}),
+    "down-q5_0": (down_format("q5_0", lambda layer, n: True), {}),
     "down-q8_0": (down_format("q8_0", lambda layer, n: True), {}),
     "down-q8_0-more-bits": (down_format("q8_0", more_bits_layer), {}),
     "down-q8_0-three-quarters": (down_format("q8_0", all_but_middle_thirds), {}),
