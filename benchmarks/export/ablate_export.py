@@ -1,7 +1,7 @@
 """Which part of the streaming exporter moves a model's perplexity: export it once per variant, each
 variant undoing one choice of the exporter, and evaluate every bundle on the same held-out windows.
 
-    python benchmarks/export/ablate_export.py --model gemma3-270m --variants current f32-calibration dense-rows
+    python benchmarks/export/ablate_export.py --model gemma3-270m --variants current dense-rows down-q5_0
 
 Variants (each changes one thing against `current`, the exporter as it is):
 - f32-calibration: calibration products in float32 instead of bfloat16 with float32 accumulation;
@@ -10,9 +10,10 @@ Variants (each changes one thing against `current`, the exporter as it is):
   d_ff values weighted by E[act^2] (the earlier exporter's dense copy);
 - down-unweighted: the arena's down columns quantized without output weights;
 - down-gains: down columns weighted by the squared gains of the norms their output passes;
-- down-q5_0 / down-q8_0: down columns in q5_0 / q8_0 in every layer; down-q8_0-more-bits: in the layers llama.cpp's
-  Q4_K_M gives more bits in ffn_down (the first and last eighth, every third between);
-  down-q8_0-three-quarters: in every layer but every third one of the middle.
+- down-q5_0 / down-q8_0: down columns in q5_0 / q8_0 in every layer; down-q8_0-more-bits: q8_0
+  in the layers llama.cpp's Q4_K_M gives more bits in ffn_down (the first and last eighth, every
+  third between), q5_0 elsewhere; down-q8_0-three-quarters: q8_0 in every layer but every third
+  one of the middle (the exporter's own rule).
 Bundles are evaluated like compare_exports.py does (native engine, teacher forcing, the source
 model beside them). Results go to --out as JSON and to benchmarks/results/export-scale.jsonl, one
 record per value, config "variant <name>".
@@ -53,7 +54,8 @@ def f32_calibration() -> Iterator[None]:
             with self._lock:
                 w = self._weights.get(t.name)
                 if w is None:
-                    w = self._weights[t.name] = torch.from_numpy(np.ascontiguousarray(torch_ops.dense_values(t)))
+                    w = torch.from_numpy(np.ascontiguousarray(torch_ops.dense_values(t)))
+                    self._weights[t.name] = w
         return w
 
     def linear(self, x, w, bias=None):
@@ -198,7 +200,7 @@ def record(results: dict, command: str) -> None:
             values[f"perplexity:{text}"] = row[name]
             values[f"perplexity:{text}:source"] = row["source"]
         record_values(run, Path(results["model"]).stem, f"variant {name}, {results['quant']}", values, command,
-                      notes="export() in one process per variant, no evaluation inside; wall includes the model load")
+                      notes="export() in one process per variant, no evaluation inside; wall includes the load")
 
 
 if __name__ == "__main__":
