@@ -199,8 +199,9 @@ def record(results: dict, command: str) -> None:
         for text, row in results["perplexity"].items():
             values[f"perplexity:{text}"] = row[name]
             values[f"perplexity:{text}:source"] = row["source"]
-        record_values(run, Path(results["model"]).stem, f"variant {name}, {results['quant']}", values,
-                      command, notes="export() in one process per variant, no evaluation inside; wall with the load")
+        config = f"variant {name}, {results['quant']}"
+        record_values(run, Path(results["model"]).stem, config, values, command,
+                      notes="export() in one process per variant, no evaluation inside; wall with load")
 
 
 if __name__ == "__main__":
