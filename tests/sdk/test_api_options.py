@@ -45,10 +45,6 @@ def test_tools_need_a_template_that_has_them(smol):
 
 
 def test_chat_returns_tool_calls():
-    from edgeflash.base.models import ALIASES
-
-    if "qwen2.5-coder-0.5b" not in ALIASES:
-        pytest.skip("tool calling needs the model alias 'qwen2.5-coder-0.5b', which edgeflash.base.models does not have")
     qwen = ef.load("qwen2.5-coder-0.5b")
     r = qwen.chat([{"role": "user", "content": "What's the weather in Oslo?"}], 64, tools=TOOLS)
     assert r.finish_reason == "tool_calls" and r.text == ""
