@@ -193,7 +193,22 @@ class ApproximateMode:
                         "neuron_cache_hit_rate": round(n.hits / n.lookups, 4) if n.lookups else None,
                         "neuron_bytes_read": n.bytes_read, "neurons_loaded": n.loaded,
                         "predicted_active_fraction": round(n.predicted / max(1, n.passes)
-                                                           / self.spec.d_ff / self.spec.n_layers, 4)})
+                                                           / self.spec.d_ff / self.spec.n_layers, 4),
+                        "neuron_reads": n.reads, "neuron_read_median_bytes": median_read_bytes(n.read_pages)})
         if self.shortlist is not None:
             out["head_shortlist"] = len(self.ids)
         return out
+
+
+def median_read_bytes(read_pages: list[int]) -> int | None:
+    """The median neuron read in bytes, from the cache's histogram of reads by 4 KiB pages (its last
+    entry counts every longer read, so a median there is a lower bound)."""
+    total = sum(read_pages)
+    if not total:
+        return None
+    seen = 0
+    for pages, count in enumerate(read_pages):
+        seen += count
+        if 2 * seen >= total:
+            return pages * 4096
+    return None
