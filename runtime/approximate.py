@@ -22,6 +22,7 @@ from edgeflash.kernels import _native
 from edgeflash.memory.direct_io import open_direct, read_range
 from edgeflash.memory.layout import align_down, align_up
 from edgeflash.memory.planner import BudgetError, MemoryPlan, make_plan
+from edgeflash.memory.sparse_cost import SparseLayerGeometry, neuron_read_bytes
 
 if TYPE_CHECKING:
     from edgeflash.runtime.budgeted import BudgetedWeights
@@ -138,6 +139,26 @@ class ApproximateMode:
         if self.shortlist is not None:
             plan.notes.append(f"approximate head: {len(self.ids)} most frequent tokens of {self.spec.vocab_size}")
         return plan
+
+    def active_fractions(self) -> list[float]:
+        """Per layer, the share of neurons the predictor flags at this level: measured at the level it
+        was fitted for, scaled by the kept share (1 - sparsity) for the others."""
+        pred = self.calibration["predictors"]
+        fitted = pred.get("sparsity", 0.5)
+        scale = (1.0 - self.sparsity) / max(1e-6, 1.0 - fitted)
+        active = pred.get("predicted_active") or [1.0 - fitted] * self.spec.n_layers
+        return [min(1.0, a * scale) for a in active]
+
+    def neuron_read_estimate(self) -> float:
+        """Expected neuron bytes a token reads with this plan's cache (memory/sparse_cost.py)."""
+        frequency = (self.calibration.get("neurons") or {}).get("frequency")
+        layers = []
+        for layer in range(self.spec.n_layers):
+            arena, block = self._arena(layer), self.bundle.arena_block(layer)
+            order = np.asarray(arena.order, dtype=np.int64)  # arena slot -> neuron
+            f = np.asarray(frequency[layer], dtype=np.float64)[order] if frequency else np.ones(len(order))
+            layers.append(SparseLayerGeometry(f, arena.stride, block.offset + arena.offset))
+        return neuron_read_bytes(layers, self.active_fractions(), self.window, self.capacity)
 
     # -- loading ----------------------------------------------------------------------------------
 
