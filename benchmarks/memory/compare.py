@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import random
 import statistics
 import subprocess
@@ -287,8 +288,8 @@ QUALITY = textwrap.dedent("""
     bundle, budget, sparsities, n_tokens = sys.argv[1], int(sys.argv[2]), json.loads(sys.argv[3]), int(sys.argv[4])
     # Token by token, as decoding runs: a batch would share one union of predicted neurons.
     configs = [None] + sparsities
-    models = {s: ef.load(bundle, memory_budget=budget, context_length=256, **({"sparsity": s} if s else {}))
-              for s in configs}
+    models = {s: ef.load(bundle, memory_budget=budget, context_length=256,
+                         **({"sparsity": s, "ffn_fallback": False} if s else {})) for s in configs}
     out = {}
     for kind, text in (("prose", heldout_text()), ("code", code_heldout_text())):
         windows = token_windows(models[None].tokenizer, text, n_tokens, 64, kind)
@@ -340,11 +341,18 @@ def timed_window_sweep(args: argparse.Namespace) -> None:
     from record import append_results, new_run_id
 
     OUT.mkdir(parents=True, exist_ok=True)
+    # auto's measurements go to a profile of this run, not the user's (the runs inherit the variable)
+    os.environ["XDG_CACHE_HOME"] = str(OUT / "cache")
+    (OUT / "cache" / "edgeflash" / "sparsity-profile.json").unlink(missing_ok=True)
     run_id, command = new_run_id(), "python benchmarks/memory/compare.py " + " ".join(sys.argv[1:])
     configs = {"flash": {"strategy": "flash"}}
-    for s in args.sparsities:
+    for s in args.sparsities:  # as asked (no fallback): what the setting itself costs
         for k in args.windows:
-            configs[f"s{s:g} k{k}"] = {"strategy": "flash", "sparsity": s, "window": k}
+            configs[f"s{s:g} k{k}"] = {"strategy": "flash", "sparsity": s, "window": k, "ffn_fallback": False}
+    if args.planner:  # what a user gets: the planner falls back to exact flash where the setting loses
+        for s in args.sparsities:
+            configs[f"planner s{s:g} k4"] = {"strategy": "flash", "sparsity": s, "window": 4}
+        configs["auto"] = {"strategy": "flash", "sparsity": "auto"}
     records = []
     for model in args.models:
         bundle = bundle_of(model, args)
@@ -402,6 +410,9 @@ def timed_window_sweep(args: argparse.Namespace) -> None:
                 same = "yes" if all(r["tokens"] == exact_tokens for r in runs) else "no"
                 ratio = statistics.median(ratios) if ratios else None
                 fell_back = any(r.get("sparsity") is None for r in runs) and name != "flash"
+                if name == "auto":
+                    notes = [n for n in runs[-1].get("plan_notes", []) if "auto chose" in n]
+                    print(f"auto: {notes[0] if notes else 'no choice noted'}", file=sys.stderr)
                 print(f"| {label} ({mb:.0f} MB) | {name}{' (fell back to exact)' if fell_back else ''} | {tok:.2f} | "
                       + (f"{ratio:.2f}x ({min(ratios):.2f}-{max(ratios):.2f})" if ratios else "-")
                       + f" | {per_token / 1e6:.1f} | {read / 1024 if read else '-'} | {hit if hit is not None else '-'} | "
@@ -485,6 +496,8 @@ def main() -> None:
     p.add_argument("--windows", nargs="+", type=int, default=[0, 4])
     p.add_argument("--quality-tokens", type=int, default=192,
                    help="held-out tokens per text (prose, code) scored token by token for perplexity/agreement")
+    p.add_argument("--planner", action="store_true",
+                   help="--window-sweep --budgets: also each level at window 4 with the planner's fallback, and auto")
     p.add_argument("--cgroup", action="store_true",
                    help="run each timed configuration in a memory cgroup of its budget + 128 MB (page cache counted)")
     p.add_argument("--configs", nargs="+", default=list(CONFIGS), choices=list(CONFIGS))
