@@ -370,7 +370,8 @@ def timed_window_sweep(args: argparse.Namespace) -> None:
                     results.setdefault((fraction, name), []).append(r)
                     print(f"round {round_no} {model} {fraction:.0%} {name}: "
                           f"{r.get('error') or str(r['decode_tok_s']) + ' tok/s'}", file=sys.stderr)
-        q = quality(bundle, int((exact + approx) * 1.2), args.sparsities, args.quality_tokens)
+        q = quality(bundle, int((exact + approx) * 1.2), args.sparsities, args.quality_tokens) \
+            if args.quality_tokens else {}
         (OUT / f"window_sweep_timed_{model}.json").write_text(json.dumps(
             {"results": {f"{f}|{n}": v for (f, n), v in results.items()}, "quality": q}))
 
@@ -432,6 +433,8 @@ def timed_window_sweep(args: argparse.Namespace) -> None:
                 rec(label, mb, name, "greedy_equals_exact", same == "yes")
                 if fell_back:
                     rec(label, mb, name, "fell_back_to_exact", True)
+        if not q:
+            continue
         print(f"\n| sparsity | perplexity prose (vs exact) | perplexity code (vs exact) | top-1 = exact, prose | "
               f"top-1 = exact, code | positions |")
         print("|" + "---|" * 6)
@@ -495,7 +498,7 @@ def main() -> None:
     p.add_argument("--sparsities", nargs="+", type=float, default=[0.3, 0.5, 0.7])
     p.add_argument("--windows", nargs="+", type=int, default=[0, 4])
     p.add_argument("--quality-tokens", type=int, default=192,
-                   help="held-out tokens per text (prose, code) scored token by token for perplexity/agreement")
+                   help="held-out tokens per text (prose, code) scored token by token for perplexity/agreement (0: none)")
     p.add_argument("--planner", action="store_true",
                    help="--window-sweep --budgets: also each level at window 4 with the planner's fallback, and auto")
     p.add_argument("--cgroup", action="store_true",
