@@ -2,8 +2,9 @@
 
 The first auto load at a budget measures, in this process and one after another, exact flash and
 each calibrated sparsity level with the windows in AUTO_WINDOWS: decode tokens/s of a short greedy
-generation, and for each sparse setting how often its top-1 token equals exact flash's, teacher-forced
-on exact flash's own output. Settings whose agreement is under AUTO_MIN_AGREEMENT are not
+generation (a setting clearly slower than exact flash after a few tokens is not run further), and
+for each sparse setting that keeps up, how often its top-1 token equals exact flash's,
+teacher-forced on exact flash's own output. Settings whose agreement is under AUTO_MIN_AGREEMENT are not
 candidates; of the rest, and exact flash, the fastest wins. Tokens/s are remembered
 (edgeflash.memory.sparsity_profile), so later loads at that budget pick without measuring, and an
 explicit `sparsity=` that measured slower than exact flash falls back too.
@@ -24,6 +25,8 @@ AUTO_WINDOWS = (0, 4)
 AUTO_MIN_AGREEMENT = 0.9  # top-1 agreement with exact flash a sparse setting needs to be a candidate
 TUNE_PROMPT = "def parse_arguments(argv):\n    \"\"\"Parse the command line and return the options.\"\"\"\n"
 TUNE_TOKENS = 16
+PROBE_TOKENS = 4
+CLEARLY_SLOWER = 0.7  # under this share of exact flash's tokens/s after PROBE_TOKENS, a setting is not finished
 
 
 def choose(weights_path: Path, budget: int, levels: list[float], load: Callable[..., Any],
@@ -51,8 +54,12 @@ def measure(weights_path: Path, budget: int, levels: list[float], load: Callable
     results["exact"] = tok_s
     for sparsity in levels:
         for window in AUTO_WINDOWS:
-            tok_s, _, agreement = _run_one(load, sparsity, window, tokens, reference)
-            results[sparsity_profile.config_name(sparsity, window)] = tok_s if agreement >= AUTO_MIN_AGREEMENT else 0.0
+            # a few tokens first: a setting far slower than exact flash is recorded as measured, not finished
+            tok_s, _, _ = _run_one(load, sparsity, window, PROBE_TOKENS, None)
+            if tok_s >= CLEARLY_SLOWER * results["exact"]:
+                tok_s, _, agreement = _run_one(load, sparsity, window, tokens, reference)
+                tok_s = tok_s if agreement >= AUTO_MIN_AGREEMENT else 0.0
+            results[sparsity_profile.config_name(sparsity, window)] = tok_s
     sparsity_profile.record(weights_path, budget, results)
     return results
 
