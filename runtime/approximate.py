@@ -103,12 +103,22 @@ class ApproximateMode:
     def fixed_costs(self, capacity: int) -> dict[str, int]:
         spec, out = self.spec, {}
         if self.sparsity is not None:
-            out["neuron_caches"] = spec.n_layers * capacity * self._bundle_bytes() + BOUNCE_BYTES
+            out["neuron_caches"] = spec.n_layers * capacity * self._bundle_bytes() + BOUNCE_BYTES \
+                + self._bookkeeping_bytes(capacity)
             out["ffn_norms"] = sum(align_up(self.source.tensors[n].nbytes) for n in self._ffn_norms())
         if self.shortlist is not None:
             head = self.source.tensors[self._head_tensor()]
             out["head_shortlist"] = len(self.ids) * (head.nbytes // head.rows) + ROW_READ_BYTES
         return out
+
+    def _bookkeeping_bytes(self, capacity: int) -> int:
+        """memory/native/neuron_cache.cpp's other allocations: per layer a slot for every neuron and
+        per cached neuron its id and last use; the predictor's outputs for a batch; the active,
+        missing and stamp lists (1.5B: about 3 MiB, which the runtime reserve did not hold)."""
+        d_ff, batch = self.spec.d_ff, self.weights.options.max_batch
+        rank = int(self.calibration.get("predictors", {}).get("rank") or 64)
+        per_layer = d_ff * 4 + capacity * (4 + 8)
+        return self.spec.n_layers * per_layer + batch * (d_ff + rank) * 4 + 4 * d_ff * 4 + (257 + 64) * 8
 
     def plan(self, fixed: dict[str, int], threads: int, chunk: int) -> MemoryPlan:
         """The largest neuron cache (up to what the window needs) that leaves a feasible plan."""
