@@ -3,9 +3,8 @@
 - sparsity thresholds per target sparsity s: the magnitude t with a fraction s of all neuron
   activations |act(gate . x)| <= t (CATS), and the same quantile of |gate . x| itself (the
   pre-activation criterion the native sparse-FFN kernel tests);
-- the neuron order of the arena: hot neurons (active on most calibration tokens) first, then the
-  rest in groups of neurons that fire together (co-activation clusters), hotter groups first, so
-  that the neurons a token needs sit in runs that merge into long reads;
+- the hot-first neuron order: neurons sorted by how often they are active (|act| above the
+  layer's threshold at the middle target sparsity);
 - a low-rank predictor of the gate pre-activations from the FFN input;
 - token frequencies of the calibration text (the self-draft head's vocabulary).
 """
@@ -59,53 +58,12 @@ def layer_statistics(layer: int, gate_pre: torch.Tensor, ffn_inputs: torch.Tenso
     mid = targets[len(targets) // 2]
     active = a > float(act_thr[targets.index(mid)])  # [T, d_ff]
     freq = active.float().mean(dim=0).numpy().astype(np.float32)
-    order = coactivation_order(active, freq, layer_seed=layer)
+    order = np.argsort(-freq, kind="stable").astype(np.int32)
     predictor = None
     if predictor_rank > 0 and ffn_inputs is not None and gate_w is not None:
         predictor = fit_predictor(layer, ffn_inputs.float().numpy(), active.numpy(), gate_w, activation_kind,
                                   predictor_rank, predictor_recall, float(act_thr[targets.index(mid)]))
     return act_thr, gate_thr, freq, order, predictor
-
-
-HOT_FREQUENCY = 0.8  # a neuron active on this share of tokens is read (or cached) for almost every token
-CLUSTER_NEURONS = 32  # neurons per co-activation group: about 64 KiB of q4_0 bundles at d_model 1024-1536
-EMBED_RANK = 16  # dimensions of a neuron's activation pattern the clustering compares
-KMEANS_STEPS = 12
-
-
-def coactivation_order(active: torch.Tensor, freq: np.ndarray, group: int = CLUSTER_NEURONS,
-                       layer_seed: int = 0) -> np.ndarray:
-    """[d_ff] int32 arena order (slot -> neuron) from the activity mask `[T, d_ff]`: the hot neurons
-    first by frequency, then the others clustered by co-activation (k-means on the leading singular
-    vectors of the centred mask, cosine), clusters by mean frequency, hot first, neurons within a
-    cluster by frequency. Deterministic: the same mask gives the same order."""
-    by_freq = np.argsort(-freq, kind="stable")
-    hot = by_freq[freq[by_freq] >= HOT_FREQUENCY]
-    rest = by_freq[freq[by_freq] < HOT_FREQUENCY]
-    k = len(rest) // group
-    if k < 2 or active.shape[0] < 2 * EMBED_RANK:
-        return by_freq.astype(np.int32)
-    x = active[:, torch.from_numpy(rest)].float()  # [T, n_rest]
-    x = x - x.mean(dim=0, keepdim=True)
-    with torch.random.fork_rng():  # svd_lowrank starts from random vectors: the same seed, the same order
-        torch.manual_seed(layer_seed)
-        _, s, v = torch.svd_lowrank(x, q=EMBED_RANK, niter=2, M=None)
-    emb = v * s  # [n_rest, rank]
-    emb = emb / emb.norm(dim=1, keepdim=True).clamp_min(1e-6)
-    centres = emb[torch.arange(k) * group]  # spread over the frequency order
-    for _ in range(KMEANS_STEPS):
-        label = (emb @ centres.T).argmax(dim=1)  # cosine: embeddings and centres have unit length
-        sums = torch.zeros_like(centres).index_add_(0, label, emb)
-        counts = torch.bincount(label, minlength=k).unsqueeze(1)
-        centres = torch.where(counts > 0, sums / counts.clamp_min(1), centres)
-        centres = centres / centres.norm(dim=1, keepdim=True).clamp_min(1e-6)
-    label = label.numpy()
-    f = freq[rest]
-    cluster_freq = np.bincount(label, weights=f, minlength=k) / np.maximum(1, np.bincount(label, minlength=k))
-    # clusters hot first, neurons within one by frequency (lexsort: last key is the primary one)
-    within = np.lexsort((-f, -cluster_freq[label]))
-    order = np.concatenate([hot, rest[within]]).astype(np.int32)
-    return order
 
 
 QUANTILE_SAMPLE = 1 << 21  # values a quantile is taken over (evenly spaced; a 7B layer has 40M)

@@ -67,7 +67,6 @@ def test_read_block_into_matches_the_map(tiny_bundle_dir):
 
 def test_arena_holds_neurons_hot_first(tiny_bundle_dir, tiny_model):
     from edgeflash import kernels
-    from edgeflash.export.statistics import HOT_FREQUENCY
 
     source = load_bundle(tiny_bundle_dir)
     b = source.info["bundle"]
@@ -77,11 +76,7 @@ def test_arena_holds_neurons_hot_first(tiny_bundle_dir, tiny_model):
         entry, arena = b.arena(layer)
         assert arena.shape == (spec.d_ff, entry.stride) and entry.stride % 64 == 0
         freq = np.asarray(manifest["calibration"]["neurons"]["frequency"][layer])
-        f = freq[entry.order]
-        hot = int(np.sum(f >= HOT_FREQUENCY))
-        assert np.all(f[:hot] >= HOT_FREQUENCY) and np.all(np.diff(f[:hot]) <= 1e-6)  # hot first, hottest first
-        assert np.all(f[hot:] < HOT_FREQUENCY)  # then the co-activation groups
-        assert sorted(entry.order.tolist()) == list(range(spec.d_ff))
+        assert np.all(np.diff(freq[entry.order]) <= 1e-6)  # hot first
         g = entry.part("gate")
         mlp = tiny_model[0].model.layers[layer].mlp  # the float weights the bundle was exported from
         # the kernel reads the arena as laid out: slot j = neuron order[j] (gate row, up row, down column)
