@@ -134,7 +134,7 @@ def plan_layout(source: ModelSource, config: QuantConfig, layout: str, predictor
         if layout != "dense":
             kind = "ffn" if layout == "arena" else "neurons"
             fmt = config.arena_format()
-            down = arena_down_format(fmt) if layout == "arena" else fmt
+            down = arena_down_format(fmt, layer, spec.n_layers) if layout == "arena" else fmt
             get(block_name(kind, layer)).arena = ArenaSlot(layer, spec.d_ff, spec.d_model, fmt, down)
         if rank > 0 and layout != "dense":
             for tensor, shape in (("predictor_a.weight", (rank, spec.d_model)), ("predictor_b.weight", (spec.d_ff, rank))):

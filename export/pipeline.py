@@ -414,7 +414,8 @@ def _arena(model: ModelSource, block: BlockSpec, qconfig: QuantConfig, lc: Layer
         fmt = slot.part_format(part)
         rows[part] = quantize_matrix(values, fmt, method, part_imp)
         if block.kind == "ffn":  # the FFN's only copy: report it as the FFN's tensors
-            wanted = arena_down_format(plan.format) if part == "down" else plan.format
+            wanted = plan.format if part != "down" else arena_down_format(plan.format, slot.layer,
+                                                                          model.spec.n_layers)
             if plan.fallback_from:
                 fallbacks.append(_fallback(name, plan.fallback_from, fmt, plan.reason))
             elif fmt != wanted:

@@ -89,8 +89,13 @@ class ApproximateMode:
         return self.bundle.arena_block(layer).arena
 
     def _bundle_bytes(self) -> int:
-        parts = {p.name: p.fmt for p in self._arena(0).parts}
-        return kernels.bundle_bytes(self.spec.d_model, parts["gate"], parts["up"], parts["down"])
+        """Bytes of one neuron's bundle in the cache: the largest of any layer (layers may keep their
+        down columns in different formats)."""
+        sizes = []
+        for layer in range(self.spec.n_layers):
+            parts = {p.name: p.fmt for p in self._arena(layer).parts}
+            sizes.append(kernels.bundle_bytes(self.spec.d_model, parts["gate"], parts["up"], parts["down"]))
+        return max(sizes)
 
     def _ffn_norms(self) -> list[str]:
         suffixes = ("ffn_norm.weight", "post_ffw_norm.weight")
@@ -209,6 +214,7 @@ class ApproximateMode:
                 spec_.file_slot_of_neuron = np.argsort(order).astype(np.int32).tolist()  # neuron -> arena slot
                 spec_.pred_threshold = float(cal["predictors"]["threshold"][layer]) * scale
                 spec_.gate_threshold = float(cal["sparsity"]["gate_threshold"][layer][self.level])
+                spec_.down_fmt = next(p.fmt for p in arena.parts if p.name == "down")
                 layers.append(spec_)
             parts = {p.name: p.fmt for p in self._arena(0).parts}
             native.set_sparse_ffn(layers, parts["gate"], parts["up"], parts["down"], self.capacity, self.window)

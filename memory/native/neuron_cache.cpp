@@ -23,12 +23,14 @@ NeuronCacheFfn::NeuronCacheFfn(std::shared_ptr<DirectReader> reader, std::vector
                                int64_t d_model, Format gate, Format up, Format down, Activation act, int64_t capacity,
                                int64_t window)
     : reader_(std::move(reader)), layers_(std::move(layers)), d_model_(d_model), gate_(gate), up_(up), down_(down),
-      act_(act), bundle_(bundle_bytes(gate, up, down, d_model)), capacity_(capacity), window_(window),
+      act_(act), capacity_(capacity), window_(window),
       bounce_(kBounceBytes) {
   if (capacity_ < 1) throw std::invalid_argument("neuron cache: capacity must be >= 1");
   if (window_ < 0) throw std::invalid_argument("neuron cache: window must be >= 0");
   for (const SparseLayerSpec& s : layers_) {
-    if (s.stride < bundle_ || s.arena_offset < 0 || s.n_neurons() < 1)
+    const Format layer_down = s.has_down ? s.down : down_;
+    const size_t bundle = bundle_bytes(gate_, up_, layer_down, d_model_);
+    if (s.stride < bundle || s.arena_offset < 0 || s.n_neurons() < 1)
       throw std::invalid_argument("neuron cache: arena geometry does not match the bundle formats");
     if (s.stride + kIoAlignment * 2 > kBounceBytes)
       throw std::invalid_argument("neuron cache: a neuron bundle is larger than the read buffer");
@@ -39,7 +41,9 @@ NeuronCacheFfn::NeuronCacheFfn(std::shared_ptr<DirectReader> reader, std::vector
       seen[slot] = true;
     }
     Cache c;
-    c.arena = AlignedBuffer(static_cast<size_t>(capacity_) * bundle_);
+    c.down = layer_down;
+    c.bundle = bundle;
+    c.arena = AlignedBuffer(static_cast<size_t>(capacity_) * bundle);
     c.neuron_of.assign(static_cast<size_t>(capacity_), -1);
     c.slot_of.assign(static_cast<size_t>(s.n_neurons()), -1);
     c.last_used.assign(static_cast<size_t>(capacity_), 0);
@@ -79,7 +83,7 @@ void NeuronCacheFfn::evict_slot(Cache& c, int64_t slot) {
   const int64_t last = c.used - 1;
   c.slot_of[c.neuron_of[slot]] = -1;
   if (slot != last) {
-    std::memcpy(c.arena.data() + slot * bundle_, c.arena.data() + last * bundle_, bundle_);
+    std::memcpy(c.arena.data() + slot * c.bundle, c.arena.data() + last * c.bundle, c.bundle);
     c.neuron_of[slot] = c.neuron_of[last];
     c.last_used[slot] = c.last_used[last];
     c.slot_of[c.neuron_of[slot]] = static_cast<int32_t>(slot);
@@ -110,7 +114,7 @@ void NeuronCacheFfn::load(const SparseLayerSpec& s, Cache& c, const std::vector<
     size_t j = i;
     while (j < order.size()) {
       const int64_t begin = s.arena_offset + order[j].first * static_cast<int64_t>(s.stride);
-      const int64_t start = align_down(begin), end = static_cast<int64_t>(align_up(begin + bundle_));
+      const int64_t start = align_down(begin), end = static_cast<int64_t>(align_up(begin + c.bundle));
       if (!runs.empty() && start <= runs.back().end) {  // touches the previous run: extend it
         const size_t grow = static_cast<size_t>(std::max<int64_t>(0, end - runs.back().end));
         if (used + grow > bounce_.size()) break;
@@ -142,7 +146,7 @@ void NeuronCacheFfn::load(const SparseLayerSpec& s, Cache& c, const std::vector<
         const int64_t begin = s.arena_offset + order[q].first * static_cast<int64_t>(s.stride);
         const int32_t neuron = order[q].second;
         const int64_t slot = c.used++;
-        std::memcpy(c.arena.data() + slot * bundle_, bounce_.data() + at[k] + (begin - runs[k].start), bundle_);
+        std::memcpy(c.arena.data() + slot * c.bundle, bounce_.data() + at[k] + (begin - runs[k].start), c.bundle);
         c.neuron_of[slot] = neuron;
         c.slot_of[neuron] = static_cast<int32_t>(slot);
         c.last_used[slot] = step_;
@@ -211,8 +215,8 @@ void NeuronCacheFfn::compute(int64_t layer, const LayerWeights& w, const float* 
     arena.d_model = d_model_;
     arena.gate = gate_;
     arena.up = up_;
-    arena.down = down_;
-    arena.stride = bundle_;
+    arena.down = c.down;
+    arena.stride = c.bundle;
     ffn_sparse(arena, x, n, slots_.data(), static_cast<int64_t>(slots_.size()), act_,
                s.gate_threshold > 0.0f ? thresholds_.data() : nullptr, out, accumulate);
     accumulate = true;

@@ -21,6 +21,8 @@ struct SparseLayerSpec {
   int64_t n_neurons() const { return static_cast<int64_t>(file_slot_of_neuron.size()); }
   float pred_threshold = 0.0f;  // neuron predicted active when |act(B A x)| > this
   float gate_threshold = 0.0f;  // the kernel skips a neuron when |gate . x| < this (0: never)
+  bool has_down = false;         // the layer's down columns in `down` rather than the cache's default
+  Format down = Format::q8_0;    // (an exporter may give layers different down formats)
 };
 
 struct NeuronCacheStats {
@@ -44,6 +46,8 @@ class NeuronCacheFfn : public FfnHook {
 
  private:
   struct Cache {
+    Format down;                      // the layer's down format
+    size_t bundle;                    // bytes of one of the layer's bundles in the cache (no file padding)
     AlignedBuffer arena;              // capacity x bundle bytes
     std::vector<int32_t> neuron_of;   // cache slot -> neuron
     std::vector<int32_t> slot_of;     // neuron -> cache slot or -1
@@ -63,7 +67,6 @@ class NeuronCacheFfn : public FfnHook {
   int64_t d_model_;
   Format gate_, up_, down_;
   Activation act_;
-  size_t bundle_;  // bytes of one bundle in the cache (no file padding)
   int64_t capacity_, window_;
   uint64_t step_ = 0;  // one step per forward pass (counted at layer 0)
   std::vector<float> t_, p_, partial_, thresholds_;

@@ -43,6 +43,13 @@ def test_shortlist_head_picks_the_best_shortlisted_token(tiny_bundle_dir, prompt
 
 
 def test_neuron_cache_window_keeps_neurons_and_reads_less(tiny_bundle_dir, prompt_ids):
+    from edgeflash.runtime.bundle import load_bundle
+
+    # The layers keep their down columns in different formats (q5_0 in layer 0, q8_0 in the others):
+    # the neuron cache reads each layer's bundles in its own format and size.
+    layout = load_bundle(tiny_bundle_dir).info["bundle"]
+    downs = [next(p.fmt for p in layout.arena(i)[0].parts if p.name == "down") for i in range(3)]
+    assert downs == ["q5_0", "q8_0", "q8_0"]
     runs = {}
     for window in (0, 4):
         # as asked (no fallback to exact flash): the cache itself is under test

@@ -90,8 +90,12 @@ def test_scheme_bundle_loads_and_generates(smol, tmp_path, scheme):
         assert fallbacks["blk.0.attn_q.weight"]["reason"].startswith("rows of 576 values")
         assert fallbacks["blk.0.ffn_down.weight"]["to"] == "q5_0" and "arena" in fallbacks["blk.0.ffn_down.weight"]["reason"]
         assert all(f["from"] == "q4_k" and f["to"] == "q5_0" for f in fallbacks.values())
-    else:  # embedding, head and attention at 8 bits, the FFN's gate and up rows at 4, its down columns at 5
+    else:  # embedding, head and attention at 8 bits, the FFN's gate and up rows at 4, its down columns at
+        # 8 bits in the first eighth of the 30 layers and at 5 in every third of the middle ones (3, 6, ...)
         ffn_format = scheme.split("-")[0]
         assert bundle.tensors["blk.0.attn_q.weight"].fmt == "q8_0"
         assert bundle.tensors["token_embd.weight"].fmt == "q8_0"
-        assert [p.fmt for p in entry.parts] == [ffn_format, ffn_format, "q5_0"]
+        assert [p.fmt for p in entry.parts] == [ffn_format, ffn_format, "q8_0"]
+        middle, _ = bundle.info["bundle"].arena(3)
+        assert [p.fmt for p in middle.parts] == [ffn_format, ffn_format, "q5_0"]
+        assert "blk.0.ffn_down.weight" not in fallbacks
