@@ -22,6 +22,7 @@ from edgeflash.kernels import _native
 from edgeflash.memory.direct_io import open_direct, read_range
 from edgeflash.memory.layout import align_down, align_up
 from edgeflash.memory.planner import BudgetError, MemoryPlan, make_plan
+from edgeflash.memory.sparse_cost import SparseLayerGeometry, neuron_read_bytes
 
 if TYPE_CHECKING:
     from edgeflash.runtime.budgeted import BudgetedWeights
@@ -107,12 +108,22 @@ class ApproximateMode:
     def fixed_costs(self, capacity: int) -> dict[str, int]:
         spec, out = self.spec, {}
         if self.sparsity is not None:
-            out["neuron_caches"] = spec.n_layers * capacity * self._bundle_bytes() + BOUNCE_BYTES
+            out["neuron_caches"] = spec.n_layers * capacity * self._bundle_bytes() + BOUNCE_BYTES \
+                + self._bookkeeping_bytes(capacity)
             out["ffn_norms"] = sum(align_up(self.source.tensors[n].nbytes) for n in self._ffn_norms())
         if self.shortlist is not None:
             head = self.source.tensors[self._head_tensor()]
             out["head_shortlist"] = len(self.ids) * (head.nbytes // head.rows) + ROW_READ_BYTES
         return out
+
+    def _bookkeeping_bytes(self, capacity: int) -> int:
+        """memory/native/neuron_cache.cpp's other allocations: per layer a slot for every neuron and
+        per cached neuron its id and last use; the predictor's outputs for a batch; the active,
+        missing and stamp lists (1.5B: about 3 MiB, which the runtime reserve did not hold)."""
+        d_ff, batch = self.spec.d_ff, self.weights.options.max_batch
+        rank = int(self.calibration.get("predictors", {}).get("rank") or 64)
+        per_layer = d_ff * 4 + capacity * (4 + 8)
+        return self.spec.n_layers * per_layer + batch * (d_ff + rank) * 4 + 4 * d_ff * 4 + (257 + 64) * 8
 
     def plan(self, fixed: dict[str, int], threads: int, chunk: int) -> MemoryPlan:
         """The largest neuron cache (up to what the window needs) that leaves a feasible plan."""
@@ -143,6 +154,26 @@ class ApproximateMode:
         if self.shortlist is not None:
             plan.notes.append(f"approximate head: {len(self.ids)} most frequent tokens of {self.spec.vocab_size}")
         return plan
+
+    def active_fractions(self) -> list[float]:
+        """Per layer, the share of neurons the predictor flags at this level: measured at the level it
+        was fitted for, scaled by the kept share (1 - sparsity) for the others."""
+        pred = self.calibration["predictors"]
+        fitted = pred.get("sparsity", 0.5)
+        scale = (1.0 - self.sparsity) / max(1e-6, 1.0 - fitted)
+        active = pred.get("predicted_active") or [1.0 - fitted] * self.spec.n_layers
+        return [min(1.0, a * scale) for a in active]
+
+    def neuron_read_estimate(self) -> float:
+        """Expected neuron bytes a token reads with this plan's cache (memory/sparse_cost.py)."""
+        frequency = (self.calibration.get("neurons") or {}).get("frequency")
+        layers = []
+        for layer in range(self.spec.n_layers):
+            arena, block = self._arena(layer), self.bundle.arena_block(layer)
+            order = np.asarray(arena.order, dtype=np.int64)  # arena slot -> neuron
+            f = np.asarray(frequency[layer], dtype=np.float64)[order] if frequency else np.ones(len(order))
+            layers.append(SparseLayerGeometry(f, arena.stride, block.offset + arena.offset))
+        return neuron_read_bytes(layers, self.active_fractions(), self.window, self.capacity)
 
     # -- loading ----------------------------------------------------------------------------------
 
@@ -199,7 +230,22 @@ class ApproximateMode:
                         "neuron_cache_hit_rate": round(n.hits / n.lookups, 4) if n.lookups else None,
                         "neuron_bytes_read": n.bytes_read, "neurons_loaded": n.loaded,
                         "predicted_active_fraction": round(n.predicted / max(1, n.passes)
-                                                           / self.spec.d_ff / self.spec.n_layers, 4)})
+                                                           / self.spec.d_ff / self.spec.n_layers, 4),
+                        "neuron_reads": n.reads, "neuron_read_median_bytes": median_read_bytes(n.read_pages)})
         if self.shortlist is not None:
             out["head_shortlist"] = len(self.ids)
         return out
+
+
+def median_read_bytes(read_pages: list[int]) -> int | None:
+    """The median neuron read in bytes, from the cache's histogram of reads by 4 KiB pages (its last
+    entry counts every longer read, so a median there is a lower bound)."""
+    total = sum(read_pages)
+    if not total:
+        return None
+    seen = 0
+    for pages, count in enumerate(read_pages):
+        seen += count
+        if 2 * seen >= total:
+            return pages * 4096
+    return None

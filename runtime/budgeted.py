@@ -22,6 +22,8 @@ from edgeflash.memory.direct_io import aligned_empty, open_direct, read_range
 from edgeflash.memory.io_profile import best_settings
 from edgeflash.memory.layout import Location, WeightLayout, align_down, align_up, build_layout, group_units
 from edgeflash.memory.planner import BudgetError, make_plan
+from edgeflash.memory.sparse_cost import choose_ffn
+from edgeflash.memory.sparsity_profile import lookup
 from edgeflash.runtime.approximate import ROW_READ_BYTES, ApproximateMode
 from edgeflash.runtime.bundle.arena import arena_layer
 from edgeflash.runtime.native_config import engine_memory
@@ -61,7 +63,8 @@ class BudgetedWeights:
     def __init__(self, source: ModelSource, *, budget: int, options: _native.EngineOptions, strategy: str = "flash",
                  fixed_costs: dict[str, int] | None = None, io_threads: int | None = None,
                  chunk_bytes: int | None = None, verify: bool = True, sparsity: float | None = None,
-                 window: int = 4, head_shortlist: int | None = None, opening_peak: int = 0):
+                 window: int = 4, head_shortlist: int | None = None, opening_peak: int = 0,
+                 fallback: bool = True):
         """`fixed_costs`: what the loader measured or reserved besides the engine (tokenizer,
         speculation); `opening_peak`: how far RSS rose while the model was opened (tokenizer and
         metadata built, their temporaries freed): the budget must hold that too. `io_threads`,
@@ -69,6 +72,7 @@ class BudgetedWeights:
         self.source, self.spec, self.options = source, source.spec, options
         self.budget, self.strategy, self.verify = budget, strategy, verify
         self.sparsity, self.window, self.head_shortlist = sparsity, window, head_shortlist
+        self.requested_sparsity, self.fallback, self.ffn_choice = sparsity, fallback, None
         self.layout = layout = source_layout(source)
         mem = engine_memory(self.spec, options)
         fixed = {"kv_cache": mem.kv_cache, "activations": mem.activations, "logits": self.spec.vocab_size * 4,
@@ -83,6 +87,8 @@ class BudgetedWeights:
                                       io_threads=threads, chunk_bytes=chunk, skip=skip)
             else:
                 self.plan = self.approx.plan(fixed, threads, chunk)
+                if sparsity is not None:
+                    self._keep_sparse_only_if_it_pays(fixed, threads, chunk)
         except BudgetError as error:
             self._check_opening_peak(opening_peak, error.minimum_bytes or 0)
             raise
@@ -91,6 +97,37 @@ class BudgetedWeights:
             self.plan.notes.append("I/O settings are defaults; run `edgeflash probe-io` to measure this storage")
         self.resident_tensors: dict[str, Tensor] = {}  # filled by install; a self-drafter may share them
         self.direct_io = True
+
+    def _keep_sparse_only_if_it_pays(self, fixed: dict[str, int], threads: int, chunk: int) -> None:
+        """A sparse FFN that would be slower than exact flash at this budget is not used: the plan
+        says so and reads the FFN exactly (memory/sparse_cost.py; measured tokens/s decide when
+        the bundle was measured at this budget, `sparsity_profile`)."""
+        sparse_plan, sparse_mode, sparsity = self.plan, self.approx, self.sparsity
+        self.sparsity = None
+        try:
+            exact_mode = ApproximateMode.configure(self) if self.head_shortlist else None
+            if exact_mode is not None:
+                exact_plan = exact_mode.plan(fixed, threads, chunk)
+            else:
+                skip = frozenset(g for g in self.layout.groups if g.endswith(".predictor"))
+                exact_plan = make_plan(self.layout, self.budget, self.strategy, fixed,
+                                       head_chunk_limit=self.options.head_chunk, io_threads=threads, chunk_bytes=chunk,
+                                       skip=skip)
+        except BudgetError:  # exact mode does not fit where the sparse one does: keep it
+            self.sparsity = sparsity
+            return
+        self.sparsity = sparsity
+        measured = lookup(self.layout.path, self.budget, sparsity, self.window)
+        choice = choose_ffn(exact_plan.stream_bytes_per_pass, sparse_plan.stream_bytes_per_pass,
+                            sparse_mode.neuron_read_estimate(), measured)
+        self.ffn_choice = choice
+        if choice.sparse or not self.fallback:
+            sparse_plan.notes.append(f"sparse FFN kept: {choice.reason}" if choice.sparse else
+                                     f"sparse FFN kept as asked, though {choice.reason}")
+            return
+        self.sparsity, self.approx, self.plan = None, exact_mode, exact_plan
+        exact_plan.notes.append(f"sparse FFN at {sparsity:.0%} sparsity, window {self.window} not used: {choice.reason}; "
+                                "the FFN is read exactly (exact flash)")
 
     def _check_opening_peak(self, opening_peak: int, plan_minimum: int) -> None:
         """Refuse a budget below what opening the model already took, when that is the larger
@@ -276,6 +313,9 @@ class BudgetedWeights:
                "units_read": streamed.units_read if streamed else 0}
         if self.approx is not None:
             out.update(self.approx.stats(native))
+        if self.requested_sparsity is not None and self.sparsity is None:  # the planner kept exact flash
+            out["ffn_sparsity_requested"] = self.requested_sparsity
+            out["ffn_fallback"] = self.ffn_choice.reason if self.ffn_choice else None
         return out
 
 

@@ -24,6 +24,7 @@ from edgeflash.base.sizes import parse_size
 from edgeflash.kernels.formats import KV_FORMATS
 from edgeflash.runtime.budgeted import BUDGETED_HEAD_CHUNK, BudgetedWeights
 from edgeflash.runtime.native_config import default_context, engine_options
+from edgeflash.runtime import sparsity_tuning
 from edgeflash.runtime.native_engine import NativeEngine
 from edgeflash.runtime.source import ModelSource
 from edgeflash.runtime.sources import open_model
@@ -46,10 +47,22 @@ class LoadedModel:
 
 def load_model(path: str | Path, *, memory_budget: str | int | None = None, threads: int = 2, engine: str = "auto",
                context_length: int | None = None, strategy: str = "flash", activations: str = "q8x2",
-               kv_cache: str = "f16", sparsity: float | None = None, window: int = 4,
-               head_shortlist: int | None = None, speculative: str = "none") -> LoadedModel:
+               kv_cache: str = "f16", sparsity: float | str | None = None, window: int = 4,
+               head_shortlist: int | None = None, speculative: str = "none", ffn_fallback: bool = True) -> LoadedModel:
     """The arguments of `edgeflash.load` (see there), for a resolved path."""
     _check_options(engine, threads, context_length, activations, kv_cache)
+    auto_note = None
+    if sparsity == "auto" and memory_budget is not None:
+        def load_one(s: float | None, k: int) -> LoadedModel:
+            return load_model(path, memory_budget=memory_budget, threads=threads, engine=engine,
+                              context_length=context_length, strategy=strategy, activations=activations,
+                              kv_cache=kv_cache, sparsity=s, window=k, head_shortlist=head_shortlist,
+                              ffn_fallback=False)
+
+        sparsity, window, auto_note = choose_sparsity(path, parse_size(memory_budget), load_one)
+    elif isinstance(sparsity, str):
+        raise UserError(f"sparsity = {sparsity!r}: expected a calibrated level such as 0.5, or 'auto' "
+                        "(with a memory budget)")
     if memory_budget is None:
         if sparsity is not None or head_shortlist is not None:
             raise UserError("sparsity and head_shortlist are modes of a budgeted run: give memory_budget too")
@@ -90,12 +103,26 @@ def load_model(path: str | Path, *, memory_budget: str | int | None = None, thre
                              kv_format=kv_cache, activations=activations, head_chunk=BUDGETED_HEAD_CHUNK)
     weights = BudgetedWeights(source, budget=budget, options=options, strategy=strategy, fixed_costs=fixed,
                               opening_peak=opening_peak, sparsity=sparsity, window=window,
-                              head_shortlist=head_shortlist)
+                              head_shortlist=head_shortlist, fallback=ffn_fallback)
+    if auto_note:
+        weights.plan.notes.append(auto_note)
     run = NativeEngine(source, weights=weights, threads=threads, options=options)
     drafter = _drafter(speculative, run)
     if drafter is not None:
         weights.check_reserve("speculative", drafter.memory_bytes())
     return LoadedModel(source, run, speculative, drafter)
+
+
+def choose_sparsity(path: str | Path, budget: int, load_one: Any) -> tuple[float | None, int, str]:
+    """`sparsity="auto"`: the bundle's calibrated levels, measured at this budget (runtime/sparsity_tuning.py)."""
+    source = open_model(path, verify=False)
+    if source.kind != "bundle":
+        raise UserError(f"{path}: --ffn-sparsity auto needs a bundle made by `edgeflash export`")
+    levels = list((source.info["manifest"].get("calibration") or {}).get("sparsity", {}).get("targets", []))
+    weights_path = source.info["bundle"].weights_path
+    del source
+    gc.collect()
+    return sparsity_tuning.choose(weights_path, budget, levels, load_one)
 
 
 def _check_options(engine: str, threads: int, context_length: int | None, activations: str, kv_cache: str) -> None:

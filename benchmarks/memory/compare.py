@@ -12,6 +12,8 @@ have gained over hybrid that round (read_ceiling.py); `--no-ceiling` skips it.
   python benchmarks/memory/compare.py                        # both models, 2 rounds
   python benchmarks/memory/compare.py --models gemma3-270m --rounds 3 --tokens 64
   python benchmarks/memory/compare.py --window-sweep         # bytes/token vs window k and sparsity (+ plot)
+  python benchmarks/memory/compare.py --window-sweep --models qwen2.5-coder-1.5b --bundle /tmp/q15-bundle \
+      --budgets 0.25 0.33 --sparsities 0.3 0.5 --windows 0 4 --cgroup   # timed: exact flash vs sparse S/K
   python benchmarks/memory/compare.py --long                 # 512 tokens, model twice the budget, RSS over time
 
 Bundles are exported once into bench-out/bundles/ (q4_0, full calibration). Budgets are fractions
@@ -23,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import random
 import statistics
 import subprocess
@@ -69,6 +72,8 @@ RUN = textwrap.dedent("""
                       "flash_bytes_per_token": s.get("flash_bytes_per_token", 0), "io_wait_share": s.get("io_wait_share"),
                       "peak_over_baseline": peak_rss_bytes() - before, "planned": s.get("planned_bytes"),
                       "neuron_cache_hit_rate": s.get("neuron_cache_hit_rate"), "tokens": r.tokens,
+                      "neuron_read_median_bytes": s.get("neuron_read_median_bytes"), "neuron_reads": s.get("neuron_reads"),
+                      "sparsity": s.get("sparsity"), "plan_notes": plan.notes if plan else [],
                       "generated": s["generated_tokens"]}))
 """)
 
@@ -81,9 +86,22 @@ def exact_bytes(bundle: Path) -> tuple[int, int]:
     return total - approx, approx
 
 
-def run(bundle: Path, budget: int, options: dict, tokens: int) -> dict:
-    proc = subprocess.run([sys.executable, "-c", RUN, str(bundle), str(budget), json.dumps(options), str(tokens),
-                           PROMPT], capture_output=True, text=True, cwd="/")
+def bundle_of(model: str, args: argparse.Namespace) -> Path:
+    if args.bundle is not None:
+        if len(args.models) != 1:
+            raise SystemExit("--bundle: give exactly one model in --models")
+        return args.bundle
+    if model not in MODELS:
+        raise SystemExit(f"--models {model}: give its bundle with --bundle (only {', '.join(MODELS)} are exported here)")
+    return ensure_bundle(model)
+
+
+def run(bundle: Path, budget: int, options: dict, tokens: int, cgroup: Path | None = None,
+        prompt: str = PROMPT) -> dict:
+    cmd = [sys.executable, "-c", RUN, str(bundle), str(budget), json.dumps(options), str(tokens), prompt]
+    if cgroup is not None:  # the shell joins the group, then becomes the measured process
+        cmd = ["bash", "-c", f'echo $$ > {cgroup}/cgroup.procs; exec "$@"', "bash", *cmd]
+    proc = subprocess.run(cmd, capture_output=True, text=True, cwd="/")
     if proc.returncode != 0:
         return {"error": proc.stderr.strip().splitlines()[-1] if proc.stderr.strip() else f"exit {proc.returncode}"}
     return json.loads(proc.stdout.strip().splitlines()[-1])
@@ -94,7 +112,7 @@ def compare(args: argparse.Namespace) -> None:
     results: dict[tuple, list[dict]] = {}
     plan = []
     for model in args.models:
-        bundle = ensure_bundle(model)
+        bundle = bundle_of(model, args)
         exact, approx = exact_bytes(bundle)
         print(f"{model}: exact-mode weights {exact / 1e6:.1f} MB (+ {approx / 1e6:.1f} MB arenas/predictors)",
               file=sys.stderr)
@@ -261,6 +279,180 @@ def window_sweep(args: argparse.Namespace) -> None:
     print(f"plot: {path}", file=sys.stderr)
 
 
+QUALITY = textwrap.dedent("""
+    import json, sys
+    import numpy as np
+    import edgeflash as ef
+    from edgeflash.export.corpus import code_heldout_text, heldout_text
+    from edgeflash.export.text import token_windows
+    bundle, budget, sparsities, n_tokens = sys.argv[1], int(sys.argv[2]), json.loads(sys.argv[3]), int(sys.argv[4])
+    # Token by token, as decoding runs: a batch would share one union of predicted neurons.
+    configs = [None] + sparsities
+    models = {s: ef.load(bundle, memory_budget=budget, context_length=256,
+                         **({"sparsity": s, "ffn_fallback": False} if s else {})) for s in configs}
+    out = {}
+    for kind, text in (("prose", heldout_text()), ("code", code_heldout_text())):
+        windows = token_windows(models[None].tokenizer, text, n_tokens, 64, kind)
+        nll = {s: [] for s in configs}
+        top = {s: [] for s in configs}
+        for window in windows:
+            for s, m in models.items():
+                m.engine.reset()
+                for i, tok in enumerate(window[:-1]):
+                    logits = m.engine.forward([tok])[-1].astype(np.float64)
+                    z = logits.max() + np.log(np.exp(logits - logits.max()).sum())
+                    nll[s].append(z - logits[window[i + 1]])
+                    top[s].append(int(np.argmax(logits)))
+        exact_top = np.asarray(top[None])
+        for s in configs:
+            out[f"{kind}|{s}"] = {"perplexity": float(np.exp(np.mean(nll[s]))), "positions": len(nll[s]),
+                                  "top1_agreement": float(np.mean(np.asarray(top[s]) == exact_top))}
+    print(json.dumps(out))
+""")
+
+
+def quality(bundle: Path, budget: int, sparsities: list[float], tokens: int) -> dict:
+    """Perplexity on held-out prose and code and top-1 agreement with the exact run, per sparsity
+    level, teacher-forced token by token. The window and the budget do not change what a token
+    computes (the cache only decides what is re-read), so one budget that holds everything serves."""
+    proc = subprocess.run([sys.executable, "-c", QUALITY, str(bundle), str(budget), json.dumps(sparsities), str(tokens)],
+                          capture_output=True, text=True, cwd="/")
+    if proc.returncode != 0:
+        raise SystemExit(f"quality run failed: {proc.stderr.strip()[-2000:]}")
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+CGROUP_SLACK = 128_000_000  # the interpreter, numpy and edgeflash's code and files, outside the budget
+
+
+def sweep_cgroup(budget: int) -> Path:
+    sys.path.insert(0, str(REPO / "benchmarks" / "export"))
+    from run_export import cgroup_dir
+
+    return cgroup_dir(f"edgeflash-sweep-{budget}", budget + CGROUP_SLACK)
+
+
+def timed_window_sweep(args: argparse.Namespace) -> None:
+    """Exact flash against sparse FFN (sparsity S, window K) at budgets that are fractions of the
+    exact weights, side by side: every configuration in its own process, in a shuffled order per
+    round; tokens/s with per-round ratios to exact flash, bytes and median neuron read per token,
+    peak RSS against the budget; then perplexity (prose, code) and top-1 agreement per S."""
+    sys.path.insert(0, str(REPO / "benchmarks" / "results"))
+    from record import append_results, new_run_id
+
+    OUT.mkdir(parents=True, exist_ok=True)
+    # auto's measurements go to a profile of this run, not the user's (the runs inherit the variable)
+    os.environ["XDG_CACHE_HOME"] = str(OUT / "cache")
+    (OUT / "cache" / "edgeflash" / "sparsity-profile.json").unlink(missing_ok=True)
+    run_id, command = new_run_id(), "python benchmarks/memory/compare.py " + " ".join(sys.argv[1:])
+    configs = {"flash": {"strategy": "flash"}}
+    for s in args.sparsities:  # as asked (no fallback): what the setting itself costs
+        for k in args.windows:
+            configs[f"s{s:g} k{k}"] = {"strategy": "flash", "sparsity": s, "window": k, "ffn_fallback": False}
+    if args.planner:  # what a user gets: the planner falls back to exact flash where the setting loses
+        for s in args.sparsities:
+            configs[f"planner s{s:g} k4"] = {"strategy": "flash", "sparsity": s, "window": 4}
+        configs["auto"] = {"strategy": "flash", "sparsity": "auto"}
+    records = []
+    for model in args.models:
+        bundle = bundle_of(model, args)
+        exact, approx = exact_bytes(bundle)
+        results: dict[tuple, list[dict]] = {}
+        for round_no in range(args.rounds):
+            for fraction in args.budgets:
+                budget = int(exact * fraction)
+                cgroup = sweep_cgroup(budget) if args.cgroup else None
+                for name in random.Random(f"{round_no}|{model}|{fraction}").sample(list(configs), len(configs)):
+                    r = run(bundle, budget, configs[name], args.tokens, cgroup)
+                    if cgroup is not None:
+                        r["cgroup_max_usage"] = int((cgroup / "memory.max_usage_in_bytes").read_text())
+                        (cgroup / "memory.max_usage_in_bytes").write_text("0")
+                    results.setdefault((fraction, name), []).append(r)
+                    print(f"round {round_no} {model} {fraction:.0%} {name}: "
+                          f"{r.get('error') or str(r['decode_tok_s']) + ' tok/s'}", file=sys.stderr)
+        q = quality(bundle, int((exact + approx) * 1.2), args.sparsities, args.quality_tokens) \
+            if args.quality_tokens else {}
+        (OUT / f"window_sweep_timed_{model}.json").write_text(json.dumps(
+            {"results": {f"{f}|{n}": v for (f, n), v in results.items()}, "quality": q}))
+
+        def rec(budget: str | None, budget_mb: float | None, config: str, metric: str, value, unit=None, low=None,
+                high=None, rounds=None) -> None:
+            records.append({"run": run_id, "model": model, "budget": budget, "budget_mb": budget_mb, "config": config,
+                            "metric": metric, "value": value, "unit": unit, "low": low, "high": high, "rounds": rounds,
+                            "command": command})
+
+        print(f"\n{model}: exact weights {exact / 1e6:.0f} MB; {args.tokens} greedy tokens, {args.rounds} rounds")
+        print("| budget | config | tok/s | vs exact flash, per round | MB read/token | median neuron read KiB | "
+              "cache hit rate | peak RSS MB (budget) | cgroup max MB | greedy = exact |")
+        print("|" + "---|" * 10)
+        for fraction in args.budgets:
+            budget = int(exact * fraction)
+            label, mb = f"{fraction:.0%}", round(budget / 1e6, 1)
+            exact_runs = [r for r in results[(fraction, "flash")] if "error" not in r]
+            exact_tokens = exact_runs[0]["tokens"] if exact_runs else None
+            for name in configs:
+                runs = [r for r in results[(fraction, name)] if "error" not in r]
+                if not runs:
+                    err = results[(fraction, name)][0].get("error", "")
+                    print(f"| {label} ({mb:.0f} MB) | {name} | - | | | | | | | {err[:100]} |")
+                    rec(label, mb, name, "refused", err[:300])
+                    continue
+                tok = statistics.median(r["decode_tok_s"] for r in runs)
+                ratios = [a["decode_tok_s"] / b["decode_tok_s"] for a, b in zip(results[(fraction, name)],
+                                                                               results[(fraction, "flash")])
+                          if "error" not in a and "error" not in b]
+                per_token = statistics.median(r["flash_bytes_per_token"] for r in runs)
+                medians = [r["neuron_read_median_bytes"] for r in runs if r.get("neuron_read_median_bytes")]
+                read = statistics.median(medians) if medians else None
+                hit = statistics.median(r["neuron_cache_hit_rate"] for r in runs) \
+                    if runs[0].get("neuron_cache_hit_rate") is not None else None
+                peak = max(r["peak_over_baseline"] for r in runs)
+                usage = max((r.get("cgroup_max_usage", 0) for r in runs), default=0)
+                same = "yes" if all(r["tokens"] == exact_tokens for r in runs) else "no"
+                ratio = statistics.median(ratios) if ratios else None
+                fell_back = any(r.get("sparsity") is None for r in runs) and name != "flash"
+                if name == "auto":
+                    notes = [n for n in runs[-1].get("plan_notes", []) if "auto chose" in n]
+                    print(f"auto: {notes[0] if notes else 'no choice noted'}", file=sys.stderr)
+                print(f"| {label} ({mb:.0f} MB) | {name}{' (fell back to exact)' if fell_back else ''} | {tok:.2f} | "
+                      + (f"{ratio:.2f}x ({min(ratios):.2f}-{max(ratios):.2f})" if ratios else "-")
+                      + f" | {per_token / 1e6:.1f} | {read / 1024 if read else '-'} | {hit if hit is not None else '-'} | "
+                      f"{peak / 1e6:.0f} ({mb:.0f}) | {usage / 1e6:.0f} | {same} |")
+                rec(label, mb, name, "decode_tok_s", round(tok, 3), "tok/s", rounds=len(runs))
+                if ratios:
+                    rec(label, mb, name, "vs_exact_flash", round(ratio, 3), "x", round(min(ratios), 3),
+                        round(max(ratios), 3), len(ratios))
+                rec(label, mb, name, "mb_read_per_token", round(per_token / 1e6, 2), "MB", rounds=len(runs))
+                if read:
+                    rec(label, mb, name, "neuron_read_median_kib", read / 1024, "KiB", rounds=len(runs))
+                if hit is not None:
+                    rec(label, mb, name, "neuron_cache_hit_rate", hit, rounds=len(runs))
+                rec(label, mb, name, "peak_rss_over_baseline_mb", round(peak / 1e6, 1), "MB", rounds=len(runs))
+                if usage:
+                    rec(label, mb, name, "cgroup_max_usage_mb", round(usage / 1e6, 1), "MB", rounds=len(runs))
+                rec(label, mb, name, "greedy_equals_exact", same == "yes")
+                if fell_back:
+                    rec(label, mb, name, "fell_back_to_exact", True)
+        if not q:
+            continue
+        print(f"\n| sparsity | perplexity prose (vs exact) | perplexity code (vs exact) | top-1 = exact, prose | "
+              f"top-1 = exact, code | positions |")
+        print("|" + "---|" * 6)
+        for s in [None] + args.sparsities:
+            cells = []
+            for kind in ("prose", "code"):
+                base, cur = q[f"{kind}|None"]["perplexity"], q[f"{kind}|{s}"]["perplexity"]
+                cells.append(f"{cur:.3f} ({(cur / base - 1) * 100:+.1f}%)")
+                config = "exact" if s is None else f"s{s:g}"
+                rec(None, None, config, f"perplexity_{kind}", round(cur, 4))
+                rec(None, None, config, f"perplexity_{kind}_delta_pct", round((cur / base - 1) * 100, 2), "%")
+                rec(None, None, config, f"top1_agreement_{kind}", round(q[f"{kind}|{s}"]["top1_agreement"], 4))
+            print(f"| {'exact' if s is None else s} | {cells[0]} | {cells[1]} | {q[f'prose|{s}']['top1_agreement']:.1%} | "
+                  f"{q[f'code|{s}']['top1_agreement']:.1%} | {q[f'prose|{s}']['positions']}+{q[f'code|{s}']['positions']} |")
+    append_results("memory-window", records)
+    print(f"\n{len(records)} records appended to benchmarks/results/memory-window.jsonl (run {run_id})", file=sys.stderr)
+
+
 LONG = textwrap.dedent("""
     import json, sys
     import edgeflash as ef
@@ -297,7 +489,20 @@ def long_run(args: argparse.Namespace) -> None:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--models", nargs="+", default=list(MODELS), choices=MODELS)
+    p.add_argument("--models", nargs="+", default=list(MODELS),
+                   help=f"model aliases ({', '.join(MODELS)} are exported into bench-out/bundles/ when missing)")
+    p.add_argument("--bundle", type=Path, default=None,
+                   help="an exported bundle to use for the (single) model in --models, e.g. /tmp/q15-bundle")
+    p.add_argument("--budgets", nargs="+", type=float, default=None,
+                   help="--window-sweep timed side by side: budgets as fractions of the exact weights (0.25 0.33)")
+    p.add_argument("--sparsities", nargs="+", type=float, default=[0.3, 0.5, 0.7])
+    p.add_argument("--windows", nargs="+", type=int, default=[0, 4])
+    p.add_argument("--quality-tokens", type=int, default=192,
+                   help="held-out tokens per text (prose, code) scored token by token for perplexity/agreement (0: none)")
+    p.add_argument("--planner", action="store_true",
+                   help="--window-sweep --budgets: also each level at window 4 with the planner's fallback, and auto")
+    p.add_argument("--cgroup", action="store_true",
+                   help="run each timed configuration in a memory cgroup of its budget + 128 MB (page cache counted)")
     p.add_argument("--configs", nargs="+", default=list(CONFIGS), choices=list(CONFIGS))
     p.add_argument("--rounds", type=int, default=2)
     p.add_argument("--tokens", type=int, default=48)
@@ -306,7 +511,9 @@ def main() -> None:
     p.add_argument("--window-sweep", action="store_true")
     p.add_argument("--long", action="store_true")
     args = p.parse_args()
-    if args.window_sweep:
+    if args.window_sweep and args.budgets:
+        timed_window_sweep(args)
+    elif args.window_sweep:
         window_sweep(args)
     elif args.long:
         long_run(args)

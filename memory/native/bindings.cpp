@@ -101,7 +101,9 @@ void bind_memory(nb::module_& m) {
       .def_ro("bytes_read", &NeuronCacheStats::bytes_read)
       .def_ro("predicted", &NeuronCacheStats::predicted)
       .def_ro("tokens", &NeuronCacheStats::tokens)
-      .def_ro("passes", &NeuronCacheStats::passes);
+      .def_ro("passes", &NeuronCacheStats::passes)
+      .def_ro("reads", &NeuronCacheStats::reads)
+      .def_ro("read_pages", &NeuronCacheStats::read_pages);
 
   m.def("read_pieces", &split_request, nb::arg("n"), nb::arg("chunk_bytes"),
         "The byte counts a streamed read of n bytes is split into, one per I/O request.");

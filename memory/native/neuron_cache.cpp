@@ -135,6 +135,9 @@ void NeuronCacheFfn::load(const SparseLayerSpec& s, Cache& c, const std::vector<
       at.push_back(offset);
       tickets.push_back(reader_->submit(r.start, static_cast<size_t>(r.end - r.start), bounce_.data() + offset));
       offset += static_cast<size_t>(r.end - r.start);
+      const size_t pages = static_cast<size_t>(r.end - r.start) / kIoAlignment;
+      ++stats_.read_pages[std::min(pages, stats_.read_pages.size() - 1)];
+      ++stats_.reads;
     }
     for (uint64_t t : tickets) reader_->wait(t);
     stats_.bytes_read += offset;

@@ -27,6 +27,10 @@ struct SparseLayerSpec {
 
 struct NeuronCacheStats {
   uint64_t lookups = 0, hits = 0, loaded = 0, evicted = 0, bytes_read = 0, predicted = 0, tokens = 0, passes = 0;
+  uint64_t reads = 0;
+  // read_pages[p] = reads of p 4 KiB pages (the last entry counts every longer read): a read's size
+  // decides how fast the storage serves it, and the mean hides the many small ones
+  std::vector<uint64_t> read_pages = std::vector<uint64_t>(257, 0);
 };
 
 class NeuronCacheFfn : public FfnHook {

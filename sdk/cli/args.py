@@ -42,6 +42,19 @@ def non_negative_int(text: str) -> int:
     return value
 
 
+def sparsity_level(text: str) -> float | str:
+    """--ffn-sparsity: a fraction in (0, 1), or auto."""
+    if text == "auto":
+        return text
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a fraction such as 0.5, or auto, got {text!r}") from None
+    if not 0 < value < 1:
+        raise argparse.ArgumentTypeError(f"expected a fraction between 0 and 1, or auto, got {text!r}")
+    return value
+
+
 def positive_int(text: str) -> int:
     value = non_negative_int(text)
     if value == 0:
@@ -109,9 +122,11 @@ def add_advanced_engine_options(p: argparse.ArgumentParser) -> None:
     adv.add_argument("--strategy", choices=["flash", "hybrid", "naive"], default="flash",
                      help="with --memory-budget: how weights stream (flash: planned residency, parallel "
                           "reads, prefetch; hybrid/naive: baselines) (default: %(default)s)")
-    adv.add_argument("--ffn-sparsity", type=float, default=None, metavar="S", dest="sparsity",
+    adv.add_argument("--ffn-sparsity", type=sparsity_level, default=None, metavar="S", dest="sparsity",
                      help="with --memory-budget and a bundle: approximate FFN that reads only predicted-active "
-                          "neurons at this calibrated sparsity (e.g. 0.5); its quality cost is in the bundle's report")
+                          "neurons at this calibrated sparsity (e.g. 0.5; not used where it would be slower than "
+                          "exact flash), or auto: the fastest measured at this budget; its quality cost is in "
+                          "the bundle's report")
     adv.add_argument("--neuron-window", type=non_negative_int, default=4, metavar="K", dest="window",
                      help="with --ffn-sparsity: keep the FFN neurons of the last K tokens cached "
                           "(default: %(default)s)")
