@@ -3,9 +3,8 @@
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator, Sequence
 
 from edgeflash.base.errors import UserError
 from edgeflash.base.models import resolve_model
@@ -213,5 +212,5 @@ class Model:
     def __enter__(self) -> Model:
         return self
 
-    def __exit__(self, *exc: object) -> None:
+    def __exit__(self, *exc: Any) -> None:
         self.close()
