@@ -1,13 +1,16 @@
-"""Fuzz the GGUF loader at scale: thousands of seeded mutations of real models, each run as
-`edgeflash generate` (plain and budgeted) and `edgeflash inspect` in its own process.
+"""Fuzz the loaders at scale: thousands of seeded mutations of real models, each run as
+`edgeflash generate` (plain and budgeted) and `edgeflash inspect` in its own process; with
+--bundles, mutations of exported bundles too (plain, budgeted and sparse generate, inspect).
 
     python benchmarks/fuzz/run_fuzz.py                                   # 1000 cases on each model
     python benchmarks/fuzz/run_fuzz.py --models tiny smollm2-135m --cases 200 --workers 2
     python benchmarks/fuzz/run_fuzz.py --models smollm2-135m --first-case 137 --cases 1   # one case again
     python benchmarks/fuzz/run_fuzz.py --edgeflash /other/venv/bin/edgeflash   # another build, same cases
+    python benchmarks/fuzz/run_fuzz.py --models --bundles out/smollm2-q4_0 --cases 300  # bundles only
 
 Prints the outcome classes per model and run, and each failure with its case number and seed;
-writes every outcome to bench-out/fuzz/ and the class counts to benchmarks/results/fuzz-gguf.jsonl.
+writes every outcome to bench-out/fuzz/ and the class counts to benchmarks/results/fuzz-gguf.jsonl
+(fuzz-bundle.jsonl for bundles).
 The seeds depend only on --seed and the case number, so two builds can be compared case by case.
 """
 
@@ -24,9 +27,17 @@ REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "tests" / "fuzz"))
 sys.path.insert(0, str(REPO / "benchmarks" / "results"))
 
-from fuzz_harness import FAILURE_CLASSES, Harness, Target, scratch_dir, summarize
-from record import append_result, new_run_id
-from tiny_gguf import build_tiny_gguf
+from fuzz_harness import (  # noqa: E402
+    BUNDLE_RUN_KINDS,
+    FAILURE_CLASSES,
+    BundleTarget,
+    Harness,
+    Target,
+    scratch_dir,
+    summarize,
+)
+from record import append_result, new_run_id  # noqa: E402
+from tiny_gguf import build_tiny_gguf  # noqa: E402
 
 BUDGETS = {"tiny": "30MB", "smollm2-135m": "60MB", "gemma3-270m": "160MB"}
 
@@ -37,7 +48,10 @@ def case_seed(base: int, case: int) -> int:
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--models", nargs="+", default=["smollm2-135m", "gemma3-270m"], choices=sorted(BUDGETS))
+    p.add_argument("--models", nargs="*", default=["smollm2-135m", "gemma3-270m"], choices=sorted(BUDGETS))
+    p.add_argument("--bundles", nargs="*", default=[], type=Path, metavar="DIR",
+                   help="exported bundles to mutate too (budget: --bundle-budget)")
+    p.add_argument("--bundle-budget", default="60MB")
     p.add_argument("--cases", type=int, default=1000, help="cases per model (default: %(default)s)")
     p.add_argument("--first-case", type=int, default=0)
     p.add_argument("--seed", type=int, default=1)
@@ -59,22 +73,29 @@ def main() -> int:
     try:
         harness = Harness(args.edgeflash, work, timeout=args.timeout)
         with open(log_path, "w") as log:
+
+            def show(outcome):
+                log.write(json.dumps(outcome.to_dict()) + "\n")
+                log.flush()
+                if outcome.failed:
+                    print(f"FAIL {outcome.target} case {outcome.case} (seed {outcome.seed}) {outcome.run}: "
+                          f"{outcome.klass} [{outcome.op}: {outcome.detail}] {outcome.stderr[-300:]}", flush=True)
+
             for name in args.models:
                 path = (build_tiny_gguf(resolve_model("smollm2-135m"), work / "tiny.gguf") if name == "tiny"
                         else resolve_model(name))
                 target = Target(name, path, BUDGETS[name])
                 seeds = [(c, case_seed(args.seed, c)) for c in range(args.first_case, args.first_case + args.cases)]
                 start = time.monotonic()
-
-                def show(outcome, log=log):
-                    log.write(json.dumps(outcome.to_dict()) + "\n")
-                    log.flush()
-                    if outcome.failed:
-                        print(f"FAIL {outcome.target} case {outcome.case} (seed {outcome.seed}) {outcome.run}: "
-                              f"{outcome.klass} [{outcome.op}: {outcome.detail}] {outcome.stderr[-300:]}", flush=True)
-
                 outcomes += harness.run(target, seeds, workers=args.workers, on_outcome=show)
                 print(f"{name}: {args.cases} cases in {time.monotonic() - start:.0f} s", flush=True)
+            bundle_harness = Harness(args.edgeflash, work, timeout=args.timeout, runs=BUNDLE_RUN_KINDS)
+            for path in args.bundles:
+                target = BundleTarget(f"bundle:{path.name}", path.resolve(), args.bundle_budget)
+                seeds = [(c, case_seed(args.seed, c)) for c in range(args.first_case, args.first_case + args.cases)]
+                start = time.monotonic()
+                outcomes += bundle_harness.run(target, seeds, workers=args.workers, on_outcome=show)
+                print(f"{target.name}: {args.cases} cases in {time.monotonic() - start:.0f} s", flush=True)
     finally:
         shutil.rmtree(work, ignore_errors=True)
 
@@ -89,9 +110,10 @@ def main() -> int:
     print(f"every outcome: {log_path}")
     if not args.no_record:
         for key, counts in table.items():
-            model, run = key.split("/")
+            model, run = key.rsplit("/", 1)
+            kind = "fuzz-bundle" if model.startswith("bundle:") else "fuzz-gguf"
             for klass, n in counts.items():
-                append_result("fuzz-gguf", {"run": run_id, "model": model, "config": run, "metric": klass, "value": n,
+                append_result(kind, {"run": run_id, "model": model, "config": run, "metric": klass, "value": n,
                                             "unit": "runs", "rounds": args.cases, "command": " ".join(sys.argv),
                                             "notes": f"seed {args.seed}, cases {args.first_case}.."
                                                      f"{args.first_case + args.cases - 1}; {args.label}".strip("; ")})

@@ -27,6 +27,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from bundle_mutator import BundleModel, BundleMutation, mutate_bundle
 from gguf_image import GGUFImage
 from gguf_mutator import REJECT, SAME, Model, Mutation, mutate
 
@@ -51,6 +52,29 @@ class Target:
             return ["inspect", str(model)]
         argv = ["generate", "-m", str(model), "-p", PROMPT, "-n", str(MAX_TOKENS), "--temp", "0"]
         return argv + (["--memory-budget", self.budget] if run == "generate_budget" else [])
+
+
+@dataclass
+class BundleTarget:
+    """A bundle directory to mutate, run plain, budgeted and in sparse mode, and inspected."""
+
+    name: str
+    path: Path
+    budget: str
+    sparsity: float = 0.5
+
+    def argv(self, run: str, model: Path) -> list[str]:
+        if run == "inspect":
+            return ["inspect", str(model)]
+        argv = ["generate", "-m", str(model), "-p", PROMPT, "-n", str(MAX_TOKENS), "--temp", "0"]
+        if run in ("generate_budget", "generate_sparse"):
+            argv += ["--memory-budget", self.budget]
+        if run == "generate_sparse":
+            argv += ["--ffn-sparsity", str(self.sparsity)]
+        return argv
+
+
+BUNDLE_RUN_KINDS = ("generate", "generate_budget", "generate_sparse", "inspect")
 
 
 @dataclass
@@ -108,27 +132,34 @@ class Harness:
                 raise RuntimeError(f"the unmutated {target.name} fails its {run} run: {err.decode()[-2000:]}")
             self.baselines[(target.name, run)] = out
 
-    def run_case(self, target: Target, model: Model, case: int, seed: int) -> list[Outcome]:
-        mutation = mutate(model, seed)
+    def run_case(self, target: Target | BundleTarget, model: Model | BundleModel, case: int,
+                 seed: int) -> list[Outcome]:
         case_dir = Path(tempfile.mkdtemp(prefix=f"case{case}-", dir=self.work_dir))
         try:
-            path = _materialize(mutation, model, target, case_dir)
+            if isinstance(model, BundleModel):
+                mutation = mutate_bundle(model, seed)
+                path = _copy_bundle(model.path, case_dir / "bundle")
+                mutation.apply(path)
+            else:
+                mutation = mutate(model, seed)
+                path = _materialize(mutation, model, target, case_dir)
             outcomes = []
             for run in (self.runs[case % len(self.runs)],) if self.rotate else self.runs:
                 status, out, err, seconds = self._execute(target.argv(run, path))
                 baseline = self.baselines.get((target.name, run))
                 klass = classify(run, mutation, status, out, err, baseline)
-                outcomes.append(Outcome(target.name, case, seed, mutation.op, mutation.detail, mutation.expect, run,
+                expect = mutation.expect_for(run) if isinstance(mutation, BundleMutation) else mutation.expect
+                outcomes.append(Outcome(target.name, case, seed, mutation.op, mutation.detail, expect, run,
                                         klass, status, round(seconds, 3), _tail(err),
                                         None if baseline is None else out == baseline))
             return outcomes
         finally:
             shutil.rmtree(case_dir, ignore_errors=True)
 
-    def run(self, target: Target, seeds: Iterable[tuple[int, int]], workers: int = 1,
+    def run(self, target: Target | BundleTarget, seeds: Iterable[tuple[int, int]], workers: int = 1,
             on_outcome: Callable[[Outcome], None] | None = None) -> list[Outcome]:
         """Run every (case number, seed) on `target`; `on_outcome` sees each result as it comes."""
-        model = Model(GGUFImage.read(target.path))
+        model = BundleModel(target.path) if isinstance(target, BundleTarget) else Model(GGUFImage.read(target.path))
         if (target.name, self.runs[0]) not in self.baselines:
             self.baseline(target)
         results: list[Outcome] = []
@@ -171,6 +202,22 @@ def _materialize(mutation: Mutation, model: Model, target: Target, case_dir: Pat
     return path
 
 
+def _copy_bundle(source: Path, dest: Path) -> Path:
+    """A private copy of a bundle directory (its regular files) to mutate."""
+    dest.mkdir()
+    for item in source.iterdir():
+        if item.is_file():
+            with open(item, "rb") as src, open(dest / item.name, "wb") as dst:
+                size = os.fstat(src.fileno()).st_size
+                done = 0
+                while done < size:
+                    n = os.sendfile(dst.fileno(), src.fileno(), done, size - done)
+                    if n == 0:
+                        break
+                    done += n
+    return dest
+
+
 def has_raw_bytes(data: bytes, allow: str = "\n") -> bool:
     """Control characters (C0 except `allow`, DEL, C1), format characters such as bidirectional
     overrides, or bytes that are not UTF-8."""
@@ -181,7 +228,7 @@ def has_raw_bytes(data: bytes, allow: str = "\n") -> bool:
     return any(ch not in allow and (unicodedata.category(ch) in ("Cc", "Cf", "Cs", "Co", "Cn")) for ch in text)
 
 
-def classify(run: str, mutation: Mutation, status: int | None, out: bytes, err: bytes,
+def classify(run: str, mutation: Mutation | BundleMutation, status: int | None, out: bytes, err: bytes,
              baseline: bytes | None) -> str:
     if status is None:
         return "hang"
@@ -199,9 +246,10 @@ def classify(run: str, mutation: Mutation, status: int | None, out: bytes, err: 
         return "clean_error"
     if status != 0:
         return "exit_code"
-    if mutation.expect == REJECT:
+    expect = mutation.expect_for(run) if isinstance(mutation, BundleMutation) else mutation.expect
+    if expect == REJECT:
         return "not_rejected"
-    if mutation.expect == SAME and run != "inspect" and baseline is not None and out != baseline:
+    if expect == SAME and run != "inspect" and baseline is not None and out != baseline:
         return "corrupted_output"
     return "ran"
 
