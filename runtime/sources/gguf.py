@@ -398,7 +398,8 @@ def load_gguf(path: str | Path) -> ModelSource:
             rewritten.append(name)  # its bytes in memory differ from the file's
             gguf_file.release(name)
     source = ModelSource(path=gguf_file.path, kind="gguf", spec=spec, tokenizer=tokenizer, tensors=tensors,
-                         info={"name": gguf_file.metadata.get("general.name") or gguf_file.path.stem,
+                         # The name is shown in banners and warnings: kept as visible text only.
+                         info={"name": printable(gguf_file.metadata.get("general.name") or gguf_file.path.stem),
                                "file_bytes": gguf_file.file_size, "gguf": gguf_file,
                                "rewritten_tensors": rewritten})
     source.require(expected_tensor_names(spec))

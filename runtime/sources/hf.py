@@ -54,7 +54,7 @@ def load_hf_dir(path: str | Path) -> ModelSource:
         tensors.pop("output.weight", None)
     check_tensor_shapes(spec, {name: t.shape for name, t in tensors.items()}, printable(path))
     source = ModelSource(path=path, kind="hf", spec=spec, tokenizer=load_hf_tokenizer(path), tensors=tensors,
-                         info={"name": config.get("_name_or_path") or path.name})
+                         info={"name": printable(config.get("_name_or_path") or path.name)})
     source.require(expected_tensor_names(spec))
     return source
 

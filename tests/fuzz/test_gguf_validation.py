@@ -259,3 +259,10 @@ def test_inspect_describes_a_valid_gguf(tiny):
 def test_encode_value_round_trips():
     # The fuzzer's own encoder, for the arrays these tests write.
     assert encode_value(ARRAY, (UINT8, [1, 2])) == struct.pack("<IQ", UINT8, 2) + b"\x01\x02"
+
+
+def test_model_name_from_the_file_is_kept_visible(tiny, tmp_path):
+    """general.name is shown in banners and warnings: its control characters arrive escaped."""
+    hostile = _kv(tiny, "general.name", KV.make("general.name", STRING, "tiny\x1b[2J\x1b]0;owned\x07"))
+    source = open_model(hostile.write(tmp_path / "named.gguf"))
+    assert source.name == "tiny\\x1b[2J\\x1b]0;owned\\x07"
