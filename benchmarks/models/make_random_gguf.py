@@ -184,7 +184,7 @@ def resolve_donor(source: str) -> Path:
     path = Path(source).expanduser()
     if path.is_file():
         return path
-    from edgeflash.models import resolve_model  # an alias, assembled on first use
+    from edgeflash.base.models import resolve_model  # an alias, assembled on first use
 
     return resolve_model(source)
 
