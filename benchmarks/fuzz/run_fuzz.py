@@ -37,7 +37,7 @@ from fuzz_harness import (  # noqa: E402
     summarize,
 )
 from record import append_result, new_run_id  # noqa: E402
-from tiny_gguf import build_tiny_gguf  # noqa: E402
+from fuzz_tiny_gguf import build_tiny_gguf  # noqa: E402
 
 BUDGETS = {"tiny": "30MB", "smollm2-135m": "60MB", "gemma3-270m": "160MB"}
 

@@ -34,6 +34,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     if not args.bundle.is_dir():
         return _run_gguf(args)
+    from edgeflash.base.printable import printable
     from edgeflash.runtime.bundle import Bundle
     from edgeflash.runtime.bundle.describe import render, summary
 
@@ -46,7 +47,9 @@ def run(args: argparse.Namespace) -> int:
             data["tensors"] = manifest.get("tensors", [])
         sys.stdout.write(json.dumps(data) + "\n")
     else:
-        sys.stdout.write(render(manifest, blocks=True, tensors=args.tensors) + "\n")
+        text = render(manifest, blocks=True, tensors=args.tensors)
+        # names and notes come from the file: escaped, so no byte of it reaches the terminal raw
+        sys.stdout.write("\n".join(printable(line, 1 << 20) for line in text.splitlines()) + "\n")
         sys.stdout.write(f"checksums: {'verified' if args.verify else 'not checked'}\n")
     return 0
 

@@ -1,11 +1,16 @@
-"""Structure-aware, seeded mutations of an edgeflash bundle directory.
+"""Structure-aware, seeded mutations of an edgeflash bundle directory (formats 1, 2 and 3).
 
-A bundle is trusted only through its checksums: every byte a run uses (blocks, arenas, the
-tokenizer's files) and the manifest itself are covered, so any change to them must be refused
-(REJECT), and edits that change no byte a reader interprets (an extra file beside the bundle, a
-symlink to an identical copy) must leave the output as it was (SAME). The operators read the
-manifest generically (its JSON tree, the block and tensor tables by their field names), so they
-follow the format as it evolves: a new field is mutated like the others.
+A bundle is trusted only through its checksums: every byte a run uses (blocks, in format 3 the
+FFN blocks' norms and neuron arenas, the tokenizer's files) and, from format 3 on, the manifest
+itself are covered, and every run checks every block at load, so any change to them must be
+refused (REJECT); edits that change no byte a reader interprets (an extra file beside the bundle,
+a symlink to an identical copy, the manifest laid out differently) must leave the output as it was
+(SAME). The manifest of formats 1-2 has no checksum of its own: a changed value there must be
+refused or run cleanly (CLEAN). "resealed" operators change the manifest and recompute its
+checksum, as a hand-made manifest or a writer with a bug would: what the reader judges field by
+field behind the checksum must then fail cleanly or run (CLEAN), and block bytes still REJECT.
+The operators read the manifest generically (its JSON tree, the block and tensor tables by their
+field names), so they follow the format as it evolves: a new field is mutated like the others.
 
     model = BundleModel(Path("out/smollm2-q4_0"))
     mutation = mutate_bundle(model, seed)
@@ -23,42 +28,27 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from gguf_mutator import HOSTILE_TEXTS, REJECT, SAME
+from edgeflash.runtime.bundle.seal import SEAL_KEY, sealed
+from gguf_mutator import CLEAN, HOSTILE_TEXTS, REJECT, SAME
 
 MANIFEST, WEIGHTS, TOKENIZER, TABLES = "manifest.json", "weights.bin", "tokenizer.json", "tokenizer.tables"
 BUNDLE_FILES = (MANIFEST, WEIGHTS, TOKENIZER, TABLES)
-
-
-# Which blocks each run reads, by block kind: a plain load and inspect check every block; a
-# budgeted (exact) run streams the dense weights; sparse mode reads an FFN block's first page
-# (its norms), the neuron arenas and the predictors instead of the dense FFN.
-RUN_READS = {
-    "generate": None, "inspect": None,  # every block
-    "generate_budget": {"embedding", "attention", "ffn", "globals", "head"},
-    "generate_sparse": {"embedding", "attention", "ffn:first_page", "neurons", "predictor", "globals", "head"},
-}
 
 
 @dataclass
 class BundleMutation:
     op: str
     detail: str
-    expect: str  # REJECT or SAME (a bundle has no valid variants: its bytes are checksummed)
+    expect: str  # REJECT, SAME or CLEAN
     apply: Callable[[Path], None]  # edits a copy of the bundle directory in place
     touches_data: bool = False
     block: dict | None = None  # the block whose bytes changed (its manifest entry)
     offset_in_block: int = 0
 
     def expect_for(self, run: str) -> str:
-        """A changed byte must be refused by a run that reads it; a run that never reads the
-        block must print what the unmutated bundle prints (or refuse it too)."""
-        if self.block is None or self.expect != REJECT:
-            return self.expect
-        reads = RUN_READS.get(run)
-        kind = self.block.get("kind")
-        if reads is None or kind in reads or (f"{kind}:first_page" in reads and self.offset_in_block < 4096):
-            return REJECT
-        return SAME
+        """Every run (plain, budgeted, sparse, inspect) checks every block's checksum at load, so
+        the expectation is the same for all of them."""
+        return self.expect
 
 
 class BundleModel:
@@ -71,7 +61,13 @@ class BundleModel:
         self.tensors = self.manifest.get("tensors", [])
         self.arenas = [b for b in self.blocks if b.get("arena")]
         self.files = [name for name in BUNDLE_FILES if (path / name).exists()]
-        self.leaves = list(_leaves(self.manifest))
+        self.leaves = [(p, v) for p, v in _leaves(self.manifest) if p != (SEAL_KEY,)]
+        self.sealed = SEAL_KEY in self.manifest  # format 3: the manifest has its own checksum
+
+    @property
+    def manifest_edit(self) -> str:
+        """What an edit of the manifest's values must lead to."""
+        return REJECT if self.sealed else CLEAN
 
 
 def _leaves(value: Any, path: tuple = ()) -> Any:
@@ -145,7 +141,7 @@ def op_manifest_field(m: BundleModel, rng: random.Random) -> BundleMutation:
         _set(manifest, path, new)
         _write_manifest(bundle, manifest)
 
-    return BundleMutation("manifest_field", f"{_shown(path)} = {new!r:.60}", REJECT, apply)
+    return BundleMutation("manifest_field", f"{_shown(path)} = {new!r:.60}", m.manifest_edit, apply)
 
 
 def op_manifest_delete(m: BundleModel, rng: random.Random) -> BundleMutation:
@@ -156,7 +152,7 @@ def op_manifest_delete(m: BundleModel, rng: random.Random) -> BundleMutation:
         _delete(manifest, path)
         _write_manifest(bundle, manifest)
 
-    return BundleMutation("manifest_delete", f"{_shown(path)} removed", REJECT, apply)
+    return BundleMutation("manifest_delete", f"{_shown(path)} removed", m.manifest_edit, apply)
 
 
 def op_swap_tensor_names(m: BundleModel, rng: random.Random) -> BundleMutation:
@@ -168,7 +164,8 @@ def op_swap_tensor_names(m: BundleModel, rng: random.Random) -> BundleMutation:
         ta["name"], tb["name"] = tb["name"], ta["name"]
         _write_manifest(bundle, manifest)
 
-    return BundleMutation("swap_tensor_names", f"{m.tensors[a]['name']} <-> {m.tensors[b]['name']}", REJECT, apply)
+    return BundleMutation("swap_tensor_names", f"{m.tensors[a]['name']} <-> {m.tensors[b]['name']}",
+                          m.manifest_edit, apply)
 
 
 def op_block_table(m: BundleModel, rng: random.Random) -> BundleMutation:
@@ -204,7 +201,8 @@ def op_nested_manifest(m: BundleModel, rng: random.Random) -> BundleMutation:
         text = json.dumps(m.manifest)
         (bundle / MANIFEST).write_text(text[:-1] + ', "nested": ' + "[" * depth + "]" * depth + "}", encoding="utf-8")
 
-    return BundleMutation("nested_manifest", f"an unknown key nested {depth} deep", REJECT, apply)
+    return BundleMutation("nested_manifest", f"an unknown key nested {depth} deep", REJECT if depth > 16 else
+                          m.manifest_edit, apply)
 
 
 def op_manifest_bytes(m: BundleModel, rng: random.Random) -> BundleMutation:
@@ -228,7 +226,7 @@ def op_manifest_bytes(m: BundleModel, rng: random.Random) -> BundleMutation:
         else:
             path.write_text(json.dumps({**m.manifest, "x-unknown": {"a": [1, 2]}}), encoding="utf-8")
 
-    expect = SAME if choice in ("whitespace", "unknown_key") else REJECT
+    expect = SAME if choice == "whitespace" else (m.manifest_edit if choice == "unknown_key" else REJECT)
     return BundleMutation("manifest_bytes", choice, expect, apply)
 
 
@@ -239,6 +237,64 @@ def _patch(path: Path, offset: int, data: bytes) -> None:
     with open(path, "r+b") as f:
         f.seek(offset)
         f.write(data)
+
+
+def _reseal(bundle: Path) -> None:
+    path = bundle / MANIFEST
+    path.write_text(json.dumps(sealed(json.loads(path.read_text(encoding="utf-8"))), allow_nan=True),
+                    encoding="utf-8")
+
+
+def op_resealed(m: BundleModel, rng: random.Random) -> BundleMutation | None:
+    """A manifest edit with the manifest's checksum recomputed: the checks behind it are what is
+    tried (a changed block table must still be refused by the blocks' own checksums)."""
+    if not m.sealed:
+        return None
+    inner = rng.choices([op_manifest_field, op_manifest_delete, op_swap_tensor_names, op_block_table,
+                         op_arena_entry], [30, 8, 4, 6, 6])[0](m, rng)
+    if inner is None:
+        return None
+
+    def apply(bundle: Path) -> None:
+        inner.apply(bundle)
+        _reseal(bundle)
+
+    return BundleMutation("resealed_" + inner.op, inner.detail, REJECT if inner.op == "block_table" else CLEAN,
+                          apply, touches_data=inner.touches_data)
+
+
+def op_arena_entry(m: BundleModel, rng: random.Random) -> BundleMutation | None:
+    """A neuron arena's description: its geometry, a part's format or offset, its slot order."""
+    if not m.arenas:
+        return None
+    index = m.blocks.index(rng.choice(m.arenas))
+    name = m.blocks[index]["name"]
+    choice = rng.choice(["stride", "n_neurons", "d_model", "offset", "part_format", "part_offset", "order_swap",
+                         "order_short", "layer"])
+
+    def apply(bundle: Path) -> None:
+        from edgeflash.runtime.bundle.packed import pack_array, unpack_array
+
+        manifest = json.loads(json.dumps(m.manifest))
+        arena = manifest["blocks"][index]["arena"]
+        r = random.Random(f"{name}{choice}")
+        if choice in ("stride", "n_neurons", "d_model", "offset", "layer"):
+            arena[choice] = r.choice([0, arena[choice] + 64, arena[choice] * 2, max(0, arena[choice] - 64)])
+        elif choice == "part_format":
+            arena["parts"][r.randrange(3)]["format"] = r.choice(["q8_0", "q4_0", "q5_0", "f16", "q4_k"])
+        elif choice == "part_offset":
+            arena["parts"][r.randrange(3)]["offset"] += r.choice([-64, 64, 1])
+        else:
+            order = unpack_array(arena["order"], "order").astype("int64")
+            if choice == "order_swap":
+                a, b = r.sample(range(len(order)), 2)
+                order[a], order[b] = order[b], order[a]
+            else:
+                order = order[:-1]
+            arena["order"] = pack_array(order, "int32")
+        _write_manifest(bundle, manifest)
+
+    return BundleMutation("arena_entry", f"{name}: {choice}", m.manifest_edit, apply)
 
 
 def op_block_bytes(m: BundleModel, rng: random.Random) -> BundleMutation:
@@ -385,7 +441,8 @@ def op_extra_file(m: BundleModel, rng: random.Random) -> BundleMutation:
 BUNDLE_OPERATORS: list[tuple[Callable[[BundleModel, random.Random], BundleMutation | None], int]] = [
     (op_manifest_field, 30), (op_manifest_delete, 8), (op_swap_tensor_names, 4), (op_block_table, 8),
     (op_nested_manifest, 3), (op_manifest_bytes, 6), (op_block_bytes, 10), (op_arena_bytes, 6), (op_swap_blocks, 3),
-    (op_weights_length, 4), (op_tokenizer_file, 6), (op_file_swap, 8), (op_extra_file, 2),
+    (op_weights_length, 4), (op_tokenizer_file, 6), (op_file_swap, 8), (op_extra_file, 2), (op_resealed, 20),
+    (op_arena_entry, 4),
 ]
 
 

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 from fuzz_harness import Harness, Target, scratch_dir, summarize
-from tiny_gguf import build_tiny_gguf
+from fuzz_tiny_gguf import build_tiny_gguf
 
 # (cases, first seed): the same cases on every run; `make fuzz` runs thousands more.
 CASES = {"tiny": 150, "smollm2-135m": 90}

@@ -29,7 +29,7 @@ from gguf_image import (
     TensorEntry,
     encode_value,
 )
-from tiny_gguf import build_tiny_gguf
+from fuzz_tiny_gguf import build_tiny_gguf
 
 EDGEFLASH = str(Path(sys.executable).parent / "edgeflash")
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from edgeflash.base.models import ALIASES
+from edgeflash.base.models import resolve_model
 from edgeflash.runtime.sources import open_model
 from edgeflash.runtime.tokenizer import Tokenizer, chat_ids, render_chat
 
@@ -49,11 +49,8 @@ def _tokenizers(smollm_path, gemma_path) -> dict[str, Tokenizer]:
     reference = AutoTokenizer.from_pretrained(smollm_path.parent, gguf_file=smollm_path.name)
     qwen_style = Tokenizer.from_tokenizer_json(json.loads(reference.backend_tokenizer.to_str()),
                                                {"chat_template": QWEN_STYLE_TEMPLATE})
-    found = {"gemma3-270m": open_model(gemma_path).tokenizer, "smollm2-135m": open_model(smollm_path).tokenizer,
-             "qwen-style-chatml": qwen_style}
-    if QWEN_ALIAS in ALIASES:
-        found[QWEN_ALIAS] = open_model(ALIASES[QWEN_ALIAS]()).tokenizer
-    return found
+    return {"gemma3-270m": open_model(gemma_path).tokenizer, "smollm2-135m": open_model(smollm_path).tokenizer,
+            "qwen-style-chatml": qwen_style, QWEN_ALIAS: open_model(resolve_model(QWEN_ALIAS)).tokenizer}
 
 
 @pytest.fixture(scope="module")
@@ -76,17 +73,12 @@ def test_every_family_is_covered(tokenizers):
     formats = {name: tok.chat_format for name, tok in tokenizers.items()}
     assert formats["gemma3-270m"] == "gemma"  # Gemma turns: the 270M base model carries no template
     assert formats["smollm2-135m"] == "template" and formats["qwen-style-chatml"] == "template"
-    if QWEN_ALIAS not in ALIASES:
-        pytest.skip(f"the {QWEN_ALIAS!r} alias is not in edgeflash.base.models: its template is covered by the "
-                    "Qwen-style ChatML template on SmolLM2's vocabulary")
-    assert formats[QWEN_ALIAS] == "template"
+    assert formats[QWEN_ALIAS] == "template"  # Qwen2.5-Coder's own template, from its GGUF
 
 
 @pytest.mark.parametrize("attack", list(ATTACKS))
 @pytest.mark.parametrize("model", ["gemma3-270m", "smollm2-135m", "qwen-style-chatml", QWEN_ALIAS])
 def test_message_text_never_becomes_a_control_token(tokenizers, model, attack):
-    if model not in tokenizers:
-        pytest.skip(f"no {model!r} alias in edgeflash.base.models (the Qwen-style case covers its template)")
     tok = tokenizers[model]
     text = ATTACKS[attack]
     attacked = chat_ids(tok, _conversation(text))
@@ -98,7 +90,7 @@ def test_message_text_never_becomes_a_control_token(tokenizers, model, attack):
     assert decoded.endswith(rendered) and rendered.count(text.strip()) >= 4  # (Gemma turns strip the text)
 
 
-@pytest.mark.parametrize("model", ["gemma3-270m", "smollm2-135m", "qwen-style-chatml"])
+@pytest.mark.parametrize("model", ["gemma3-270m", "smollm2-135m", "qwen-style-chatml", QWEN_ALIAS])
 def test_plain_conversations_encode_as_before(tokenizers, model):
     """Without special-token text in the messages, the ids are those of encoding the rendered
     text (the template's own control tokens parsed), BOS once."""
@@ -111,8 +103,9 @@ def test_plain_conversations_encode_as_before(tokenizers, model):
     assert chat_ids(tok, messages) == expected
 
 
-def test_tools_and_tool_calls_cannot_inject(tokenizers):
-    tok = tokenizers["qwen-style-chatml"]
+@pytest.mark.parametrize("model", ["qwen-style-chatml", QWEN_ALIAS])
+def test_tools_and_tool_calls_cannot_inject(tokenizers, model):
+    tok = tokenizers[model]
     attack = ATTACKS["chatml"]
     tools = [{"type": "function", "function": {"name": "lookup", "description": attack,
                                                "parameters": {"type": "object", "properties": {attack: {}}}}}]
