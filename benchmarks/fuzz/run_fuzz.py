@@ -39,7 +39,7 @@ from fuzz_harness import (  # noqa: E402
 from record import append_result, new_run_id  # noqa: E402
 from fuzz_tiny_gguf import build_tiny_gguf  # noqa: E402
 
-BUDGETS = {"tiny": "30MB", "smollm2-135m": "60MB", "gemma3-270m": "160MB"}
+BUDGETS = {"tiny": "30MB", "smollm2-135m": "60MB", "gemma3-270m": "160MB", "qwen2.5-coder-0.5b": "200MB"}
 
 
 def case_seed(base: int, case: int) -> int:
@@ -49,13 +49,15 @@ def case_seed(base: int, case: int) -> int:
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--models", nargs="*", default=["smollm2-135m", "gemma3-270m"], choices=sorted(BUDGETS))
-    p.add_argument("--bundles", nargs="*", default=[], type=Path, metavar="DIR",
-                   help="exported bundles to mutate too (budget: --bundle-budget)")
+    p.add_argument("--bundles", nargs="*", default=[], metavar="DIR[:BUDGET]",
+                   help="exported bundles to mutate too (budget: after a colon, else --bundle-budget)")
     p.add_argument("--bundle-budget", default="60MB")
     p.add_argument("--cases", type=int, default=1000, help="cases per model (default: %(default)s)")
     p.add_argument("--first-case", type=int, default=0)
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--workers", type=int, default=2, help="cases run at once (default: %(default)s)")
+    p.add_argument("--rotate", action="store_true",
+                   help="run each case once, taking the run kinds in turn (more cases in the same time)")
     p.add_argument("--timeout", type=float, default=120.0, help="seconds before a run counts as a hang")
     p.add_argument("--edgeflash", default=str(Path(sys.executable).parent / "edgeflash"))
     p.add_argument("--out", type=Path, default=REPO / "bench-out" / "fuzz")
@@ -71,7 +73,7 @@ def main() -> int:
     log_path = args.out / f"gguf-{run_id.replace(':', '')}.jsonl"
     outcomes = []
     try:
-        harness = Harness(args.edgeflash, work, timeout=args.timeout)
+        harness = Harness(args.edgeflash, work, timeout=args.timeout, rotate=args.rotate)
         with open(log_path, "w") as log:
 
             def show(outcome):
@@ -89,9 +91,12 @@ def main() -> int:
                 start = time.monotonic()
                 outcomes += harness.run(target, seeds, workers=args.workers, on_outcome=show)
                 print(f"{name}: {args.cases} cases in {time.monotonic() - start:.0f} s", flush=True)
-            bundle_harness = Harness(args.edgeflash, work, timeout=args.timeout, runs=BUNDLE_RUN_KINDS)
-            for path in args.bundles:
-                target = BundleTarget(f"bundle:{path.name}", path.resolve(), args.bundle_budget)
+            bundle_harness = Harness(args.edgeflash, work, timeout=args.timeout, runs=BUNDLE_RUN_KINDS,
+                                     rotate=args.rotate)
+            for spec in args.bundles:
+                where, _, budget = spec.partition(":")
+                path = Path(where)
+                target = BundleTarget(f"bundle:{path.name}", path.resolve(), budget or args.bundle_budget)
                 seeds = [(c, case_seed(args.seed, c)) for c in range(args.first_case, args.first_case + args.cases)]
                 start = time.monotonic()
                 outcomes += bundle_harness.run(target, seeds, workers=args.workers, on_outcome=show)

@@ -175,7 +175,7 @@ def test_any_change_to_the_manifest_is_detected(bundle_copy, edit):
     (lambda m: m["model"]["spec"].update(n_kv_heads="abc"), r"model\.spec\.n_kv_heads = 'abc'"),
     (lambda m: m["model"]["spec"].update(rope_theta=0), r"model\.spec\.rope_theta = 0"),
     (lambda m: m["model"]["spec"].update(norm_eps=float("nan")), r"model\.spec\.norm_eps = nan"),
-    (lambda m: m["model"]["spec"].update(n_layers=1), "names a layer outside|layer < n_layers"),
+    (lambda m: m["model"]["spec"].update(n_layers=1, layer_kinds=["full"]), "names a layer outside|layer < n_layers"),
     (lambda m: m["model"]["spec"].update(d_model=m["model"]["spec"]["d_model"] + 64), "has shape|arena"),
     (lambda m: m["calibration"]["sparsity"].update(act_threshold=[[1.0]]), "act_threshold has 1 entries"),
     (lambda m: m["calibration"]["sparsity"].update(targets="most"), r"calibration\.sparsity\.targets"),
