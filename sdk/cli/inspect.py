@@ -24,7 +24,7 @@ examples:
 def add_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("inspect", help=HELP, description=DESCRIPTION,
                        formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("bundle", type=Path, metavar="BUNDLE", help="bundle directory (or a GGUF file)")
+    p.add_argument("bundle", metavar="BUNDLE", help="bundle directory, GGUF file or model alias")
     p.add_argument("--tensors", action="store_true", help="also list every tensor with its format and SQNR")
     p.add_argument("--no-verify", action="store_false", dest="verify", help="skip the block checksums")
     p.add_argument("--json", action="store_true", help="print the summary as one JSON object")
@@ -32,6 +32,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from edgeflash.base.models import resolve_model
+
+    args.bundle = resolve_model(args.bundle)
     if not args.bundle.is_dir():
         return _run_gguf(args)
     from edgeflash.base.printable import printable

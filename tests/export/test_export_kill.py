@@ -26,7 +26,7 @@ DRIVER = Path(__file__).with_name("kill_driver.py")
 FAST = ["--calibration-tokens", "64", "--window-tokens", "32", "--eval-tokens", "0", "--predictor-rank", "0",
         "--top-tokens", "64", "--quiet"]
 NEW, OLD = "q4_0", "q8_0"  # the new export's scheme and the one of the bundle it replaces
-SPREAD = 8  # kill points among the block writes
+SPREAD = 4  # kill points among the block writes
 
 
 @pytest.fixture(scope="module")

@@ -256,6 +256,19 @@ def test_inspect_describes_a_valid_gguf(tiny):
     assert "llama/llama: 2 layers, d_model 64" in text and "q4_0" in text and "bf16" in text
 
 
+@pytest.mark.parametrize("alias,shown", [("qwen2.5-coder-0.5b", "llama/qwen2: 24 layers, d_model 896"),
+                                         ("smollm2-135m", "llama/llama: 30 layers, d_model 576"),
+                                         ("gemma3-270m", "gemma3/gemma3: 18 layers, d_model 640")])
+def test_inspect_describes_the_real_gguf_files_by_path_and_alias(alias, shown):
+    """`inspect` on a GGUF file describes it (it once tried to read FILE/manifest.json and died)."""
+    from edgeflash.base.models import resolve_model
+
+    for name in (str(resolve_model(alias)), alias):
+        done = subprocess.run([EDGEFLASH, "inspect", name], capture_output=True, timeout=300, check=False)
+        assert done.returncode == 0 and not done.stderr, done.stderr[-2000:]
+        assert shown in done.stdout.decode()
+
+
 def test_encode_value_round_trips():
     # The fuzzer's own encoder, for the arrays these tests write.
     assert encode_value(ARRAY, (UINT8, [1, 2])) == struct.pack("<IQ", UINT8, 2) + b"\x01\x02"
