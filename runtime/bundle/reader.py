@@ -87,6 +87,8 @@ class Bundle:
         bundle = cls(path, manifest, weights_map, spec)
         if verify:
             bundle.verify()
+        else:  # the tokenizer's files are small: checked on every open, whichever of them a run reads
+            bundle.verify(names=[])
         return bundle
 
     def close(self) -> None:
@@ -140,10 +142,10 @@ class Bundle:
         for name in names if names is not None else self.blocks:
             block = self.block(name)
             self._check_block(block, self._region(block.offset, block.nbytes))
-        self._checked_file(TOKENIZER_FILE, self.manifest.tokenizer_nbytes, self.manifest.tokenizer_crc32)
+        self._checked_file(TOKENIZER_FILE, self.manifest.tokenizer_nbytes, self.manifest.tokenizer_crc32, keep=False)
         tables = self.manifest.tokenizer_tables
         if tables is not None:
-            self._checked_file(TOKENIZER_TABLES_FILE, tables.nbytes, tables.crc32)
+            self._checked_file(TOKENIZER_TABLES_FILE, tables.nbytes, tables.crc32, keep=False)
 
     def verify_by_reading(self, chunk_bytes: int = 8 << 20) -> None:
         """`verify()` through positioned reads of a few MB at a time instead of the memory map, the
@@ -169,14 +171,30 @@ class Bundle:
             os.close(fd)
         self.verify(names=[])  # the tokenizer's files
 
-    def _checked_file(self, name: str, nbytes: int, crc32: int) -> bytes:
-        """One of the bundle's small files, checked against the size and CRC-32 the manifest gives."""
+    def _checked_file(self, name: str, nbytes: int, crc32: int, keep: bool = True) -> bytes:
+        """One of the bundle's small files, checked against the size and CRC-32 the manifest gives
+        (`keep=False`: read a MiB at a time and only checked; returns b"")."""
         path = self.path / name
         if not os.path.lexists(path):
             raise ModelFormatError(f"{printable(self.path)}: the bundle has no {name}")
-        data = read_limited(path, min(nbytes, MAX_TOKENIZER_BYTES), f"bundle's {name}")
-        if len(data) != nbytes or zlib.crc32(data) != crc32:
-            raise IntegrityError(f"{path}: checksum mismatch ({name} was modified or truncated)")
+        if keep:
+            data = read_limited(path, min(nbytes, MAX_TOKENIZER_BYTES), f"bundle's {name}")
+            size, crc = len(data), zlib.crc32(data)
+        else:
+            data, size, crc = b"", 0, 0
+            fd = open_regular(path, f"bundle's {name}")
+            try:
+                if os.fstat(fd).st_size != nbytes:
+                    raise IntegrityError(f"{printable(path)}: checksum mismatch ({name} was modified or truncated)")
+                while size <= nbytes:
+                    chunk = os.read(fd, 1 << 20)
+                    if not chunk:
+                        break
+                    size, crc = size + len(chunk), zlib.crc32(chunk, crc)
+            finally:
+                os.close(fd)
+        if size != nbytes or crc != crc32:
+            raise IntegrityError(f"{printable(path)}: checksum mismatch ({name} was modified or truncated)")
         return data
 
     def verify_tensor(self, name: str, data: Any) -> None:

@@ -72,8 +72,17 @@ def test_tables_of_another_format_fall_back_to_tokenizer_json(bundle_copy):
     text = "Tables of another format: the tokenizer is built from tokenizer.json instead."
     expected = Bundle.open(bundle_copy, verify=False).tokenizer().encode(text)
     _edit_manifest(bundle_copy, lambda m: m["tokenizer"]["tables"].update(format=999))
-    (bundle_copy / "tokenizer.tables").write_bytes(b"not tables")  # never read
     assert load_bundle(bundle_copy, verify=False).tokenizer.encode(text) == expected
+
+
+@pytest.mark.parametrize("name", ["tokenizer.json", "tokenizer.tables"])
+def test_both_tokenizer_files_are_checked_on_every_open(bundle_copy, name):
+    """A run reads one of them (the tables when their format is this edgeflash's): a change to
+    either is refused, also by runs that skip the block checksums (budgeted runs check blocks as
+    they read them)."""
+    _flip(bundle_copy / name, 100)
+    with pytest.raises(IntegrityError, match=f"{name}: checksum mismatch"):
+        load_bundle(bundle_copy, verify=False)
 
 
 def test_truncated_weights_are_rejected(bundle_copy):
