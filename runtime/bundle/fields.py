@@ -18,7 +18,13 @@ import numpy as np
 from edgeflash.base.errors import ModelFormatError, UnsupportedModelError
 from edgeflash.base.printable import printable
 from edgeflash.runtime.bundle.packed import is_packed, unpack_array
-from edgeflash.runtime.sources.validate import ARCH_INTEGER_FIELDS, MAX_LAYERS, MAX_VOCAB, check_tensor_shapes
+from edgeflash.runtime.sources.validate import (
+    ARCH_INTEGER_FIELDS,
+    MAX_LAYERS,
+    MAX_VOCAB,
+    check_rope,
+    check_tensor_shapes,
+)
 from edgeflash.runtime.spec import ACTIVATIONS, LAYER_KINDS, ModelSpec
 
 FAMILIES = ("llama", "gemma3")
@@ -83,17 +89,26 @@ def check_spec(raw: Any, where: Path) -> ModelSpec:
         raise _fail(where, "model.spec.layer_kinds", kinds, f"a list of {' / '.join(LAYER_KINDS)}")
     scaling = raw.get("rope_scaling")
     if scaling is not None and not (isinstance(scaling, dict) and len(scaling) <= 16 and all(
-            isinstance(k, str) and (isinstance(v, str) or _is_number(v) and math.isfinite(v) and v > 0)
+            isinstance(k, str) and (isinstance(v, str) or _positive(v) or (
+                isinstance(v, list) and len(v) <= 1 << 16 and all(_positive(x) for x in v)))
             for k, v in scaling.items())):
-        raise _fail(where, "model.spec.rope_scaling", scaling, "null or an object of names and positive numbers")
-    if scaling is not None and "factor" in scaling and not _is_number(scaling["factor"]):
-        raise _fail(where, "model.spec.rope_scaling.factor", scaling["factor"], "a positive number")
+        raise _fail(where, "model.spec.rope_scaling", scaling,
+                    "null or an object of names, positive numbers and lists of them")
     try:
-        return ModelSpec.from_dict(raw)
+        spec = ModelSpec.from_dict(raw)
     except UnsupportedModelError as e:
         raise ModelFormatError(f"{where}: model.spec: {e}") from None
     except (TypeError, ValueError, ZeroDivisionError) as e:
         raise ModelFormatError(f"{where}: model.spec is not a valid model spec ({printable(e)})") from None
+    try:
+        check_rope(spec, f"{where}: model.spec")
+    except UnsupportedModelError as e:
+        raise ModelFormatError(f"{where}: model.spec: {e}") from None
+    return spec
+
+
+def _positive(value: Any) -> bool:
+    return _is_number(value) and math.isfinite(value) and value > 0
 
 
 def check_tables_against_spec(spec: ModelSpec, blocks: dict[str, Any], tensors: dict[str, Any], where: Path

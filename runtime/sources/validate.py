@@ -184,6 +184,35 @@ def check_spec_against_file(spec: ModelSpec, f: GGUFFile, where: str) -> None:
     if tokens > spec.vocab_size:
         raise _fail(where, prefix + "vocab_size", spec.vocab_size, None,
                     f"at least the {tokens} tokens of tokenizer.ggml.tokens")
+    check_rope(spec, where)
+
+
+def check_rope(spec: ModelSpec, where: str) -> None:
+    """The RoPE frequencies the spec implies (base, scaling, per layer kind) as the engine takes
+    them: finite and nonzero in float32 (a scaling factor of 1e-300 or a base of 1e300 is not)."""
+    from edgeflash.base.errors import UnsupportedModelError
+    from edgeflash.runtime.rope import inv_frequencies
+
+    seen = set()
+    for layer, kind in enumerate(spec.layer_kinds):
+        if kind in seen:
+            continue
+        seen.add(kind)
+        try:
+            with np.errstate(all="ignore"):
+                inv = inv_frequencies(spec, layer)
+        except UnsupportedModelError:
+            raise
+        except (KeyError, TypeError, ValueError, ZeroDivisionError, OverflowError) as e:
+            raise ModelFormatError(f"{where}: RoPE scaling {printable(repr(spec.rope_scaling), 120)} cannot be "
+                                   f"used ({printable(e)})") from None
+        with np.errstate(all="ignore"):
+            inv32 = np.asarray(inv, dtype=np.float64).astype(np.float32)
+        if inv32.shape != (spec.rope_dim // 2,) or not np.all(np.isfinite(inv32)) or not np.all(inv32 > 0):
+            raise ModelFormatError(
+                f"{where}: RoPE base {spec.rope_base(layer)} with scaling {printable(repr(spec.rope_scaling), 120)} "
+                f"gives {kind} layers frequencies that are not finite and positive; expected a usable RoPE base "
+                "and scaling factor")
 
 
 def expected_tensor_shapes(spec: ModelSpec) -> tuple[dict[str, tuple[int, ...]], dict[str, tuple[int, ...]]]:
