@@ -390,8 +390,13 @@ def op_tokenizer_file(m: BundleModel, rng: random.Random) -> BundleMutation:
             path.write_bytes(b"")
         elif choice == "other_json":
             path.write_text('{"model": {"type": "BPE", "vocab": []}}', encoding="utf-8")
-        else:  # an ordinary token respelled as a control token's text
-            path.write_bytes(bytes(data).replace(b'"the"', b'"<|im_start|>"', 1))
+        else:  # an ordinary token respelled as a control token's text (tokenizer.tables has no quotes)
+            respelled = bytes(data).replace(b'"the"', b'"<|im_start|>"', 1)
+            if respelled == data:
+                respelled = bytes(data).replace(b"the", b"<|i", 1)
+            if respelled == data:
+                respelled = bytes(data[:-1]) + bytes([data[-1] ^ 1])
+            path.write_bytes(respelled)
 
     return BundleMutation("tokenizer_file", f"{name}: {choice}", REJECT, apply)
 
