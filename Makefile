@@ -7,7 +7,7 @@ PROMPT ?= The three most useful things to pack for a week of hiking are
 # -qq: the machine's pip.conf may list extra indexes pip warns about on every package.
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
 
-.PHONY: install demo test native system-deps bench bench-deps clean
+.PHONY: install demo test native system-deps bench bench-deps fuzz clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -48,6 +48,11 @@ bench-deps: install
 
 bench: bench-deps
 	$(BIN)/edgeflash bench
+
+# The model loaders fuzzed at scale: 1000 seeded GGUF mutations of each real model, every case run
+# as generate (plain and budgeted) and inspect (about 1-2 hours on 2 cores; never part of `make test`).
+fuzz: install
+	$(BIN)/python benchmarks/fuzz/run_fuzz.py $(FUZZ_ARGS)
 
 clean:
 	rm -rf build $(VENV) kernels/_native*.so

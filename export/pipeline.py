@@ -322,7 +322,7 @@ def _stream(model: ModelSource, writer: BundleWriter, blocks: list[BlockSpec], q
     with clock.stage("verify"):
         from edgeflash.runtime.bundle import Bundle
 
-        Bundle.open(writer.path, verify=False).verify_by_reading()  # every block checksum, read back
+        Bundle.open(writer.path, verify=False, unfinished=True).verify_by_reading()  # every block checksum, read back
     report: dict[str, Any] = {}
     if opts.report_tokens:
         with clock.stage("evaluate"):
@@ -505,7 +505,7 @@ def _evaluate(model: ModelSource, bundle_path: Path, texts: Texts, calibration: 
     tok = model.tokenizer
     report: dict[str, Any] = {}
     results = []
-    bundle = load_bundle(bundle_path, verify=False)  # verified just before
+    bundle = load_bundle(bundle_path, verify=False, unfinished=True)  # verified just before
     for i, (description, text) in enumerate(texts.heldout):
         windows = token_windows(tok, text, opts.report_tokens, opts.window_tokens, f"held-out text ({description})")
         ref = perplexity(model, windows, f"evaluate: source on {description[:24]}", opts.progress, opts.threads)
@@ -545,7 +545,7 @@ def _baseline(model: ModelSource, bundle_path: Path, qconfig: QuantConfig, windo
     baseline = qconfig.rtn_baseline()
     layout_kind = ffn_layout(baseline, model.spec.d_ff, model.spec.d_model, opts.neuron_arena)
     blocks = plan_layout(model, baseline, layout_kind, 0)
-    out = bundle_path.parent / f"{bundle_path.name}-baseline"
+    out = bundle_path / "baseline"  # inside the unfinished bundle: a kill leaves nothing else behind
     writer = BundleWriter(out, blocks, overwrite=True)
     try:
         by_name = {b.name: b for b in blocks}
@@ -564,7 +564,7 @@ def _baseline(model: ModelSource, bundle_path: Path, qconfig: QuantConfig, windo
         writer.finish({"magic": MAGIC, "format_version": FORMAT_VERSION, "model": {"name": model.name,
                        "spec": spec.to_dict()}, "quant": baseline.to_dict(), "report": {}},
                       model.tokenizer.to_json(), model.tokenizer.tables())
-        p = perplexity(load_bundle(writer.path, verify=False), windows, "evaluate: baseline", opts.progress,
+        p = perplexity(load_bundle(writer.path, verify=False, unfinished=True), windows, "evaluate: baseline", opts.progress,
                        opts.threads)
         weight_bytes = _sizes(writer.finish({"magic": MAGIC, "format_version": FORMAT_VERSION, "model": {
             "name": model.name, "spec": spec.to_dict()}, "report": {}}, model.tokenizer.to_json()))["size_by_role"]

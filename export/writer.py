@@ -1,14 +1,20 @@
 """The write stage: lay blocks out in weights.bin and write the bundle so it is never half there.
 
-Everything goes into a sibling directory `OUT.tmp-<pid>`; blocks are written as their layers
-finish, files are fsynced, the manifest is written last, and only then is the directory renamed to OUT (and the parent directory fsynced).
-A killed export therefore leaves at most a `*.tmp-<pid>` directory whose process is gone; the
-next export to the same OUT removes it. Disk errors (full, read-only, no permission, file size
-limit) become one-line UserErrors, and the temporary directory is removed.
+Everything goes into a sibling directory `OUT.tmp-<pid>` holding an in-progress marker; blocks
+are written as their layers finish, files are fsynced, the manifest is written last, the marker is
+removed, and only then does the directory take OUT's place in one atomic step: a rename when
+nothing is at OUT, an exchange of the two directories (renameat2 RENAME_EXCHANGE) when an old
+bundle is replaced, after which `OUT.tmp-<pid>` holds the old bundle and is removed. At every
+instant OUT is the old bundle or the new one. A killed export leaves at most an `OUT.tmp-<pid>`
+directory (or, on a file system without RENAME_EXCHANGE, an `OUT.old-<pid>` one) whose process
+is gone; the next export to the same OUT removes it (putting an `OUT.old-<pid>` back first when
+OUT itself is missing). Disk errors (full, read-only, no permission, file size limit) become
+one-line UserErrors, and the temporary directory is removed.
 """
 
 from __future__ import annotations
 
+import ctypes
 import errno
 import json
 import os
@@ -25,6 +31,7 @@ from edgeflash.base.errors import UserError
 from edgeflash.export.partition import BlockSpec
 from edgeflash.runtime.bundle.layout import (
     BLOCK_ALIGNMENT,
+    IN_PROGRESS_MARKER,
     MANIFEST_FILE,
     TENSOR_ALIGNMENT,
     TOKENIZER_FILE,
@@ -33,9 +40,10 @@ from edgeflash.runtime.bundle.layout import (
     align_up,
 )
 from edgeflash.runtime.bundle.packed import pack_array
+from edgeflash.runtime.bundle.seal import sealed
 from edgeflash.runtime.tokenizer.tokenizer import TABLES_FORMAT
 
-TEMP_MARKER = ".edgeflash-export-in-progress"
+TEMP_MARKER = IN_PROGRESS_MARKER
 _WRITE_CHUNK = 8 << 20
 
 
@@ -78,16 +86,36 @@ def temp_dir_for(out: Path, pid: int | None = None) -> Path:
 
 
 def stale_temp_dirs(out: Path) -> list[Path]:
-    """`OUT.tmp-<pid>` directories left by exports whose process no longer exists."""
-    pattern = re.compile(re.escape(out.name) + r"\.tmp-(\d+)$")
+    """`OUT.tmp-<pid>` and `OUT.old-<pid>` directories left by exports whose process no longer exists."""
+    pattern = re.compile(re.escape(out.name) + r"\.(?:tmp|old)-(\d+)$")
     stale = []
     if not out.parent.is_dir():
         return stale
     for p in out.parent.iterdir():
         m = pattern.match(p.name)
-        if m and p.is_dir() and not _pid_alive(int(m.group(1))):
+        if m and p.is_dir() and not p.is_symlink() and not _pid_alive(int(m.group(1))):
             stale.append(p)
-    return stale
+    return sorted(stale)
+
+
+def clean_stale(out: Path, note: Callable[[str], None] | None = None) -> None:
+    """Remove what killed exports to OUT left behind. When OUT itself is missing and an old bundle
+    waits under `OUT.old-<pid>` (an export killed between its two renames, where RENAME_EXCHANGE
+    is not available), that bundle goes back to OUT first."""
+    stale = stale_temp_dirs(out)
+    if not out.exists() and not out.is_symlink():
+        for p in stale:
+            if ".old-" in p.name[len(out.name):] and (p / MANIFEST_FILE).is_file():
+                os.rename(p, out)
+                _fsync_dir(out.parent)
+                stale.remove(p)
+                if note:
+                    note(f"restored {out} from {p}, left by an export that did not finish")
+                break
+    for p in stale:
+        shutil.rmtree(p, ignore_errors=True)
+        if note:
+            note(f"removed {p}, left by an export that did not finish")
 
 
 def _pid_alive(pid: int) -> bool:
@@ -142,11 +170,11 @@ class BundleWriter:
     def __init__(self, out: Path, blocks: list[BlockSpec], overwrite: bool = False,
                  cleanup_note: Callable[[str], None] | None = None):
         self.out = Path(out)
+        try:
+            clean_stale(self.out, cleanup_note)
+        except OSError as e:
+            raise OutputError(_describe_os_error(e, self.out)) from None
         check_output(self.out, overwrite)
-        for stale in stale_temp_dirs(self.out):
-            shutil.rmtree(stale, ignore_errors=True)
-            if cleanup_note:
-                cleanup_note(f"removed {stale}, left by an export that did not finish")
         self.placed = {p.spec.name: p for p in layout(blocks)}
         last = list(self.placed.values())[-1] if self.placed else None
         self.weights_nbytes = last.offset + last.nbytes if last else 0
@@ -257,6 +285,7 @@ class BundleWriter:
             full["blocks"] = [self.block_table[n] for n in self.placed]
             full["tensors"] = [self.tensor_table[t.name] for p in self.placed.values() for t in p.spec.tensors]
             os.fsync(self._fd)
+            full = sealed(full)
             _write_file(self.tmp / MANIFEST_FILE, json.dumps(full, indent=1).encode("utf-8"))
             return full
         except OSError as e:
@@ -321,16 +350,46 @@ def _fsync_dir(path: Path) -> None:
 
 
 def move_into_place(tmp: Path, out: Path) -> None:
-    """Replace `out` by the finished directory `tmp`. An old `out` moves aside first and goes only
-    once the new one is in place: a kill in between leaves one complete output, never none."""
-    old = None
+    """Replace `out` by the finished directory `tmp` in one atomic step, so that a kill at any
+    instant leaves the old output or the new one at `out`: a rename when `out` is absent or an
+    empty directory, else an exchange of the two directories, after which `tmp` holds the old
+    output and is removed (a kill before that leaves it for the next export to remove)."""
     if out.exists() and any(out.iterdir()):
+        if _rename_exchange(tmp, out):
+            _fsync_dir(out.parent)
+            shutil.rmtree(tmp, ignore_errors=True)
+            return
+        # No RENAME_EXCHANGE on this file system: move the old output aside first; a kill between
+        # the two renames leaves it as `out.old-<pid>`, which the next export puts back.
         old = out.parent / f"{out.name}.old-{os.getpid()}"
         os.rename(out, old)
+        os.rename(tmp, out)
+        _fsync_dir(out.parent)
+        shutil.rmtree(old, ignore_errors=True)
+        return
     os.rename(tmp, out)  # replaces an empty directory too
     _fsync_dir(out.parent)
-    if old is not None:
-        shutil.rmtree(old, ignore_errors=True)
+
+
+_RENAME_EXCHANGE = 2  # linux/fs.h
+_AT_FDCWD = -100
+
+
+def _rename_exchange(a: Path, b: Path) -> bool:
+    """Atomically swap two paths (Linux renameat2 RENAME_EXCHANGE); False where the system or the
+    file system does not offer it."""
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        renameat2 = libc.renameat2
+    except (OSError, AttributeError):
+        return False
+    renameat2.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_int, ctypes.c_char_p, ctypes.c_uint]
+    if renameat2(_AT_FDCWD, os.fsencode(a), _AT_FDCWD, os.fsencode(b), _RENAME_EXCHANGE) == 0:
+        return True
+    err = ctypes.get_errno()
+    if err in (errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP):
+        return False
+    raise OSError(err, os.strerror(err), str(b))
 
 
 def _describe_os_error(e: OSError, out: Path) -> str:

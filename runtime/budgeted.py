@@ -250,21 +250,26 @@ class BudgetedWeights:
                                      "corrupted")
 
     def _verify_streamed(self, fd: int) -> None:
-        """Check every streamed block's CRC once at load, through one small buffer."""
+        """Check the CRC of every block not read whole into memory (streamed blocks, and in sparse
+        mode the FFN blocks whose norms and neuron arenas are read piece by piece) once at load,
+        through one small buffer."""
         scratch = None
-        for name in self.plan.streamed:
-            group = self.layout.groups[name]
-            for block in self._blocks_in(group.start, group.end):
-                crc, done = 0, 0
-                while done < block.nbytes:
-                    n = min(VERIFY_READ_BYTES, block.nbytes - done)
-                    if scratch is None:
-                        scratch = aligned_empty(VERIFY_READ_BYTES)
-                    crc = zlib.crc32(read_range(fd, self.layout.path, block.offset + done, n, scratch), crc)
-                    done += n
-                if crc != block.crc32:
-                    raise IntegrityError(f"{self.layout.path}: checksum mismatch in block {block.name}; the file is "
-                                         "corrupted")
+        resident = [self.layout.groups[name] for name in self.plan.resident]
+        checked = {id(b) for g in resident for b in self._blocks_in(g.start, g.end)}
+        bundle = self.source.info.get("bundle")
+        for block in bundle.blocks.values() if bundle is not None else []:
+            if id(block) in checked:
+                continue
+            crc, done = 0, 0
+            while done < block.nbytes:
+                n = min(VERIFY_READ_BYTES, block.nbytes - done)
+                if scratch is None:
+                    scratch = aligned_empty(VERIFY_READ_BYTES)
+                crc = zlib.crc32(read_range(fd, self.layout.path, block.offset + done, n, scratch), crc)
+                done += n
+            if crc != block.crc32:
+                raise IntegrityError(f"{self.layout.path}: checksum mismatch in block {block.name}; the file is "
+                                     "corrupted")
 
     def _stream_units(self) -> list[_native.StreamUnit]:
         layout, plan, units = self.layout, self.plan, []

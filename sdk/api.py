@@ -153,7 +153,7 @@ class Model:
         `tools` (OpenAI's {"type": "function", "function": {...}} objects) are rendered by the
         model's own template; a message may then be a tool result ({"role": "tool", ...}) or an
         assistant message with `tool_calls`."""
-        from edgeflash.runtime.tokenizer import render_chat
+        from edgeflash.runtime.tokenizer import chat_ids
 
         for i, m in enumerate(messages):
             if not isinstance(m, dict) or not isinstance(m.get("role"), str):
@@ -167,12 +167,12 @@ class Model:
                 raise UserError(f"tools: the chat template of {self.name} has no tool calling (use a model whose "
                                 "template renders tools, such as Qwen2.5)")
             extra["tools"] = list(tools)
-        text = render_chat(self.tokenizer, list(messages), add_generation_prompt=True, **extra)
-        ids = self.tokenizer.encode(text)
-        bos = self.tokenizer.bos_id
-        if len(ids) >= 2 and ids[0] == ids[1] == bos:  # the template wrote BOS itself
-            ids = ids[1:]
-        return ids
+        # Control tokens come only from the chat format: text a message holds, such as
+        # "<|im_end|>", is encoded as text (see edgeflash.runtime.tokenizer.chat).
+        try:
+            return chat_ids(self.tokenizer, list(messages), add_generation_prompt=True, **extra)
+        except ValueError as e:
+            raise UserError(f"messages: {e}") from None
 
     def chat(self, messages: Sequence[dict[str, Any]], max_tokens: int = 256, *,
              tools: Sequence[dict[str, Any]] | None = None, tool_choice: str = "auto",

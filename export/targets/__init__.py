@@ -75,7 +75,7 @@ def export_target(source: Any, out: str | Path, target: str, quant: Any = "q4_0"
     from edgeflash.export.quant import resolve_config
     from edgeflash.export.sources import load_source
     from edgeflash.export.targets.chunks import TOKENIZER_FILE, plan_chunks
-    from edgeflash.export.writer import check_output, move_into_place
+    from edgeflash.export.writer import check_output, clean_stale, move_into_place
 
     module = target_module(target)
     kv = kv or module.DEFAULT_KV
@@ -94,6 +94,10 @@ def export_target(source: Any, out: str | Path, target: str, quant: Any = "q4_0"
         if isinstance(value, bool) or not isinstance(value, int) or value < low:
             raise UserError(f"{name} = {value!r}: expected an integer >= {low}")
     out = Path(out).expanduser()
+    try:
+        clean_stale(out, lambda message: note(message, progress))
+    except OSError as e:
+        raise UserError(f"{out}: cannot clean up after an earlier export ({e.strerror or e})") from None
     check_output(out, overwrite, what="export")
     qconfig = resolve_config(quant, group_size)
     timings: dict[str, float] = {}

@@ -23,6 +23,12 @@ TOKENIZER_FILE = "tokenizer.json"
 # of the result (Gemma 3: a 36 MiB peak for 7.5 MiB kept), and a memory budget covers opening too.
 TOKENIZER_TABLES_FILE = "tokenizer.tables"
 WEIGHTS_FILE = "weights.bin"
+# Present in a bundle directory while an export is writing it: such a directory is never loaded.
+IN_PROGRESS_MARKER = ".edgeflash-export-in-progress"
+# The largest manifest.json, tokenizer.json and tokenizer.tables read (a 7B model's are a few MB).
+MAX_MANIFEST_BYTES = 256 << 20
+MAX_TOKENIZER_BYTES = 512 << 20
+MAX_MANIFEST_DEPTH = 16
 BLOCK_ALIGNMENT = ALIGN  # direct-I/O granularity (4096: the logical block size of common flash devices)
 TENSOR_ALIGNMENT = 64
 NEURON_STRIDE_ALIGNMENT = 64  # each neuron bundle in an arena starts on a cache line

@@ -11,7 +11,6 @@ Two ways to read weights:
 
 from __future__ import annotations
 
-import json
 import mmap
 import os
 import zlib
@@ -22,9 +21,22 @@ from typing import Any
 
 import numpy as np
 from edgeflash.base.errors import IntegrityError, ModelFormatError
+from edgeflash.base.printable import printable
+from edgeflash.base.regular_files import open_regular, parse_json, read_limited
 from edgeflash.runtime.bundle.arena import DENSE_NAMES, ArenaTensor, arena_tensor_name
-from edgeflash.runtime.bundle.layout import MANIFEST_FILE, TOKENIZER_FILE, TOKENIZER_TABLES_FILE, WEIGHTS_FILE
+from edgeflash.runtime.bundle.fields import check_calibration, check_spec, check_tables_against_spec
+from edgeflash.runtime.bundle.layout import (
+    IN_PROGRESS_MARKER,
+    MANIFEST_FILE,
+    MAX_MANIFEST_BYTES,
+    MAX_MANIFEST_DEPTH,
+    MAX_TOKENIZER_BYTES,
+    TOKENIZER_FILE,
+    TOKENIZER_TABLES_FILE,
+    WEIGHTS_FILE,
+)
 from edgeflash.runtime.bundle.manifest import ArenaEntry, BlockEntry, Manifest, TensorEntry, parse_manifest
+from edgeflash.runtime.bundle.seal import check_seal
 from edgeflash.runtime.bundle.packed import is_packed, unpack_array
 from edgeflash.runtime.spec import ModelSpec
 from edgeflash.runtime.tensors import Tensor
@@ -33,38 +45,50 @@ from edgeflash.runtime.tensors import Tensor
 class Bundle:
     """An opened bundle directory. Construct with `Bundle.open(path)`."""
 
-    def __init__(self, path: Path, manifest: Manifest, weights_map: mmap.mmap | None):
+    def __init__(self, path: Path, manifest: Manifest, weights_map: mmap.mmap | None, spec: ModelSpec):
         self.path = path
         self.manifest = manifest
-        self.spec = ModelSpec.from_dict(manifest.raw["model"]["spec"])
+        self.spec = spec
         self._map = weights_map
 
     # -- opening ----------------------------------------------------------------------------------
 
     @classmethod
-    def open(cls, path: str | Path, verify: bool = True) -> Bundle:
-        """Validate the manifest (always) and every block checksum (when `verify`)."""
+    def open(cls, path: str | Path, verify: bool = True, unfinished: bool = False) -> Bundle:
+        """Validate the manifest (always) and every block checksum (when `verify`). A directory an
+        export is still writing (its in-progress marker present) is refused unless `unfinished`
+        (the exporter checking its own work)."""
         path = Path(path)
         manifest_path = path / MANIFEST_FILE
         weights_path = path / WEIGHTS_FILE
+        if not unfinished and os.path.lexists(path / IN_PROGRESS_MARKER):
+            raise ModelFormatError(f"{printable(path)}: an export that did not finish (it holds {IN_PROGRESS_MARKER}); "
+                                   "export the model again")
+        if not os.path.lexists(manifest_path):
+            raise ModelFormatError(f"{printable(path)}: not an edgeflash bundle (no {MANIFEST_FILE})")
+        data = read_limited(manifest_path, MAX_MANIFEST_BYTES, "bundle manifest")
         try:
-            raw = json.loads(manifest_path.read_text(encoding="utf-8"))
-        except FileNotFoundError:
-            raise ModelFormatError(f"{path}: not an edgeflash bundle (no {MANIFEST_FILE})") from None
+            raw = parse_json(data, MAX_MANIFEST_DEPTH)
         except (ValueError, UnicodeDecodeError) as e:
-            raise ModelFormatError(f"{manifest_path}: not valid JSON ({e})") from None
-        if not weights_path.is_file():
-            raise ModelFormatError(f"{path}: the bundle has no {WEIGHTS_FILE}")
-        size = weights_path.stat().st_size
-        manifest = parse_manifest(raw, manifest_path, size)
-        _compact_calibration(raw, manifest, manifest_path)
-        weights_map = None
-        if size:
-            with open(weights_path, "rb") as f:
-                weights_map = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
-        bundle = cls(path, manifest, weights_map)
+            raise ModelFormatError(f"{printable(manifest_path)}: not valid JSON ({printable(e)})") from None
+        fd = open_regular(weights_path, "bundle weights")  # a FIFO or a device is refused before it is read
+        try:
+            size = os.fstat(fd).st_size
+            if isinstance(raw, dict) and isinstance(raw.get("format_version"), int):
+                check_seal(raw, raw["format_version"], manifest_path)
+            manifest = parse_manifest(raw, manifest_path, size)
+            spec = check_spec(raw["model"]["spec"], manifest_path)
+            check_tables_against_spec(spec, manifest.blocks, manifest.tensors, manifest_path)
+            check_calibration(raw.get("calibration"), spec, manifest_path)
+            _compact_calibration(raw, manifest, manifest_path)
+            weights_map = mmap.mmap(fd, 0, access=mmap.ACCESS_READ) if size else None
+        finally:
+            os.close(fd)
+        bundle = cls(path, manifest, weights_map, spec)
         if verify:
             bundle.verify()
+        else:  # the tokenizer's files are small: checked on every open, whichever of them a run reads
+            bundle.verify(names=[])
         return bundle
 
     def close(self) -> None:
@@ -118,10 +142,10 @@ class Bundle:
         for name in names if names is not None else self.blocks:
             block = self.block(name)
             self._check_block(block, self._region(block.offset, block.nbytes))
-        self._checked_file(TOKENIZER_FILE, self.manifest.tokenizer_nbytes, self.manifest.tokenizer_crc32)
+        self._checked_file(TOKENIZER_FILE, self.manifest.tokenizer_nbytes, self.manifest.tokenizer_crc32, keep=False)
         tables = self.manifest.tokenizer_tables
         if tables is not None:
-            self._checked_file(TOKENIZER_TABLES_FILE, tables.nbytes, tables.crc32)
+            self._checked_file(TOKENIZER_TABLES_FILE, tables.nbytes, tables.crc32, keep=False)
 
     def verify_by_reading(self, chunk_bytes: int = 8 << 20) -> None:
         """`verify()` through positioned reads of a few MB at a time instead of the memory map, the
@@ -147,15 +171,30 @@ class Bundle:
             os.close(fd)
         self.verify(names=[])  # the tokenizer's files
 
-    def _checked_file(self, name: str, nbytes: int, crc32: int) -> bytes:
-        """One of the bundle's small files, checked against the size and CRC-32 the manifest gives."""
+    def _checked_file(self, name: str, nbytes: int, crc32: int, keep: bool = True) -> bytes:
+        """One of the bundle's small files, checked against the size and CRC-32 the manifest gives
+        (`keep=False`: read a MiB at a time and only checked; returns b"")."""
         path = self.path / name
-        try:
-            data = path.read_bytes()
-        except FileNotFoundError:
-            raise ModelFormatError(f"{self.path}: the bundle has no {name}") from None
-        if len(data) != nbytes or zlib.crc32(data) != crc32:
-            raise IntegrityError(f"{path}: checksum mismatch ({name} was modified or truncated)")
+        if not os.path.lexists(path):
+            raise ModelFormatError(f"{printable(self.path)}: the bundle has no {name}")
+        if keep:
+            data = read_limited(path, min(nbytes, MAX_TOKENIZER_BYTES), f"bundle's {name}")
+            size, crc = len(data), zlib.crc32(data)
+        else:
+            data, size, crc = b"", 0, 0
+            fd = open_regular(path, f"bundle's {name}")
+            try:
+                if os.fstat(fd).st_size != nbytes:
+                    raise IntegrityError(f"{printable(path)}: checksum mismatch ({name} was modified or truncated)")
+                while size <= nbytes:
+                    chunk = os.read(fd, 1 << 20)
+                    if not chunk:
+                        break
+                    size, crc = size + len(chunk), zlib.crc32(chunk, crc)
+            finally:
+                os.close(fd)
+        if size != nbytes or crc != crc32:
+            raise IntegrityError(f"{printable(path)}: checksum mismatch ({name} was modified or truncated)")
         return data
 
     def verify_tensor(self, name: str, data: Any) -> None:
@@ -246,12 +285,11 @@ class Bundle:
         if tables is not None and tables.format == TABLES_FORMAT:
             return Tokenizer.from_tables(self._checked_file(TOKENIZER_TABLES_FILE, tables.nbytes, tables.crc32))
         path = self.path / TOKENIZER_FILE  # no tables, or another version's: build them
+        data = self._checked_file(TOKENIZER_FILE, self.manifest.tokenizer_nbytes, self.manifest.tokenizer_crc32)
         try:
-            return Tokenizer.from_dict(json.loads(path.read_text(encoding="utf-8")))
-        except FileNotFoundError:
-            raise ModelFormatError(f"{self.path}: the bundle has no {TOKENIZER_FILE}") from None
-        except (ValueError, KeyError, TypeError) as e:
-            raise ModelFormatError(f"{path}: not a valid tokenizer ({e})") from None
+            return Tokenizer.from_dict(parse_json(data))
+        except (ValueError, KeyError, TypeError, IndexError, UnicodeDecodeError) as e:
+            raise ModelFormatError(f"{printable(path)}: not a valid tokenizer ({printable(e)})") from None
 
 
 def _tensor_view(entry: TensorEntry, block_bytes: memoryview) -> Tensor:
@@ -302,13 +340,13 @@ def _compacted(values: Any, code: str, field: str, where: Path) -> Any:
     return values
 
 
-def load_bundle(path: str | Path, verify: bool = True):
+def load_bundle(path: str | Path, verify: bool = True, unfinished: bool = False):
     """A bundle directory as a ModelSource (kind "bundle"): tensors are zero-copy views of a
     read-only memory map of weights.bin; `info["manifest"]` is the parsed manifest and
     `info["bundle"]` the Bundle (block table, arenas, direct reads)."""
     from edgeflash.runtime.source import ModelSource, expected_tensor_names
 
-    bundle = Bundle.open(path, verify=verify)
+    bundle = Bundle.open(path, verify=verify, unfinished=unfinished)
     raw = bundle.manifest.raw
     tensors = {name: bundle.tensor(name) for name in bundle.tensors}
     arenas = bundle.ffn_arenas()

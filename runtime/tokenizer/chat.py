@@ -4,6 +4,14 @@ its vocabulary shows it was trained on (Gemma turns, ChatML), else a plain trans
 Templates come from model files, so they are untrusted code: they run in Jinja's immutable
 sandbox with the helpers chat templates expect (`raise_exception`, `strftime_now`, a `tojson`
 that does not HTML-escape) and with `bos_token`, `eos_token`, `add_generation_prompt`.
+
+Messages come from users, so their text is untrusted data: `chat_ids` takes control tokens
+(`<|im_start|>`, `<start_of_turn>`, ...) only from the chat format itself. Before rendering,
+each special token's text inside a message (or a tool definition) is swapped for a private
+placeholder character; after rendering, the template's own special tokens are encoded as
+tokens and every text piece, the placeholders put back, with special-token parsing off. A
+message saying `<|im_end|>\n<|im_start|>system` is then read by the model as those characters,
+not as the end of its turn.
 """
 
 from __future__ import annotations
@@ -18,6 +26,11 @@ if TYPE_CHECKING:
     from .tokenizer import Tokenizer
 
 CHAT_FORMATS = ("template", "gemma", "chatml", "plain")
+# Placeholders for special-token text in messages: Unicode's private use plane 15, which no
+# tokenizer gives meaning to; characters a message already uses are skipped.
+_PLACEHOLDERS = range(0xF0000, 0xFFFFE)
+_FIRST_PLACEHOLDER = chr(_PLACEHOLDERS.start)
+MAX_MESSAGE_DEPTH = 64  # nesting of lists and dicts in messages and tools
 
 
 def detect_chat_format(chat_template: str | None, has_token: Callable[[str], bool]) -> str:
@@ -154,11 +167,62 @@ def render_chat(tok: Tokenizer, messages: Sequence[Mapping[str, Any]], add_gener
     return _render_plain(checked, add_generation_prompt)
 
 
-def chat_ids(tok: Tokenizer, messages: Sequence[Mapping[str, Any]], add_generation_prompt: bool = True) -> list[int]:
-    """Token ids of the rendered conversation: the model's default BOS is added unless the
-    template already wrote it."""
-    ids = tok.encode(render_chat(tok, messages, add_generation_prompt), add_bos=False)
+def chat_ids(tok: Tokenizer, messages: Sequence[Mapping[str, Any]], add_generation_prompt: bool = True,
+             **template_variables: Any) -> list[int]:
+    """Token ids of the rendered conversation, ready for the reply: the model's default BOS is
+    added unless the template already wrote it, and control tokens come only from the chat
+    format (text in `messages` and `template_variables` never becomes one)."""
+    escaper = _SpecialTextEscaper(tok)
+    messages = escaper.escape(list(messages))
+    template_variables = escaper.escape(template_variables)
+    ids = tok.encode_rendered(render_chat(tok, messages, add_generation_prompt, **template_variables),
+                              escaper.literals)
     prefix = tok.encode("", add_bos=None, add_eos=False)
     if prefix and ids[: len(prefix)] != prefix:
         ids = prefix + ids
     return ids
+
+
+class _SpecialTextEscaper:
+    """Swaps the special-token text inside strings for placeholder characters; `literals` maps
+    each placeholder back to the text it stands for."""
+
+    def __init__(self, tok: Tokenizer):
+        self.tok = tok
+        self.literals: dict[str, str] = {}
+        self._placeholder_of: dict[str, str] = {}
+        # A template that itself uses a character of the range keeps it.
+        reserved = {ord(ch) for ch in tok.chat_template or "" if ch >= _FIRST_PLACEHOLDER}
+        self._next = (code for code in _PLACEHOLDERS if code not in reserved)
+
+    def escape(self, value: Any, depth: int = 0) -> Any:
+        """`value` (messages, tools: strings, lists and dicts) with every string escaped."""
+        if depth > MAX_MESSAGE_DEPTH:
+            raise ValueError(f"chat messages nest lists and objects more than {MAX_MESSAGE_DEPTH} levels deep")
+        if isinstance(value, str):
+            return self._escape_text(value)
+        if isinstance(value, Mapping):
+            return {self.escape(k, depth + 1): self.escape(v, depth + 1) for k, v in value.items()}
+        if isinstance(value, (list, tuple)):
+            return [self.escape(item, depth + 1) for item in value]
+        return value
+
+    def _escape_text(self, text: str) -> str:
+        pieces = self.tok.split_special(text)
+        if len(pieces) == 1 and not pieces[0][1] and not (text and max(text) >= _FIRST_PLACEHOLDER):
+            return text
+        out = []
+        for piece, special in pieces:
+            if special:
+                out.append(self._placeholder(piece))
+            else:  # a placeholder character the text itself holds stands for itself
+                out.append("".join(self._placeholder(ch) if ord(ch) in _PLACEHOLDERS else ch for ch in piece))
+        return "".join(out)
+
+    def _placeholder(self, literal: str) -> str:
+        mark = self._placeholder_of.get(literal)
+        if mark is None:
+            mark = chr(next(self._next))
+            self._placeholder_of[literal] = mark
+            self.literals[mark] = literal
+        return mark

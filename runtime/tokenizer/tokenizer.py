@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import threading
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -289,6 +290,32 @@ class Tokenizer:
             if self.eos_id is None:
                 raise ValueError(f"add_eos=True but the tokenizer ({self.source}) has no EOS token")
             ids.append(self.eos_id)
+        return ids
+
+    def split_special(self, text: str) -> list[tuple[str, bool]]:
+        """`text` cut at the special (control) tokens `encode` would recognise in it: (piece, True)
+        for each such token's text, (piece, False) for the text between them."""
+        if not self._raw_matcher:
+            return [(text, False)]
+        return [(piece, token is not None and token.special)
+                for piece, token in self._raw_matcher.split(text, parse_special=True)]
+
+    def encode_rendered(self, text: str, literals: Mapping[str, str]) -> list[int]:
+        """Token ids of a rendered chat prompt, without BOS or EOS. Special tokens are taken from
+        the template's own text only: every text piece between them is encoded with special-token
+        parsing off, after each placeholder character of `literals` in it is put back to the
+        text it stands for (special-token text a message carried, see `chat.chat_ids`)."""
+        ids: list[int] = []
+        pieces = self._raw_matcher.split(text, parse_special=True) if self._raw_matcher else [(text, None)]
+        offset = 0
+        for piece, token in pieces:
+            if token is not None:
+                ids.append(token.id)
+            elif piece:
+                if literals:
+                    piece = "".join(literals.get(ch, ch) for ch in piece)
+                self._encode_plain(piece, offset == 0, False, ids)
+            offset += len(piece)
         return ids
 
     def _encode_plain(self, text: str, at_start: bool, parse_special: bool, out: list[int]) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import sys
 
 from edgeflash.base.errors import UserError
+from edgeflash.base.printable import printable
 from edgeflash.cli import bench, chat, export, generate, inspect, models, probe_io, serve
 from edgeflash.cli.args import OneLineParser
 
@@ -30,7 +31,8 @@ def main(argv: list[str] | None = None) -> int:
         return args.run(args)
     except UserError as e:
         sys.stdout.flush()
-        sys.stderr.write(f"edgeflash: error: {e}\n")
+        # One line of visible characters, whatever file or value the message quotes.
+        sys.stderr.write(f"edgeflash: error: {printable(e, limit=2000)}\n")
         return e.exit_status
     except KeyboardInterrupt:
         sys.stderr.write("edgeflash: interrupted\n")

@@ -20,6 +20,8 @@ from typing import TYPE_CHECKING, Any
 from urllib.parse import unquote
 
 from edgeflash.base import __version__
+from edgeflash.base.printable import printable
+from edgeflash.base.regular_files import parse_json
 from edgeflash.server.errors import ApiError, invalid, server_error
 from edgeflash.server.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from edgeflash.server.responses import LogprobWriter, ResponseIds, full_response, usage_chunk
@@ -38,6 +40,11 @@ POST_PATHS = ("/v1/chat/completions", "/v1/completions")
 GET_PATHS = ("/health", "/metrics", "/v1/models", "/", "/index.html")
 CORS_METHODS = "GET, POST, OPTIONS"
 POLL_S = 0.25  # how often a waiting handler checks whether its client is still there
+MAX_BODY_DEPTH = 64  # nesting of arrays and objects in a request body (JSON schemas included)
+# Errors raised by http.server itself (bad request lines, oversized headers, unknown methods),
+# answered with a JSON body like every other error: status -> code.
+HTTP_LAYER_CODES = {400: "bad_request", 408: "request_timeout", 414: "request_line_too_long",
+                    431: "headers_too_large", 501: "unsupported_method", 505: "http_version_not_supported"}
 
 
 def _metrics_path(path: str) -> str:
@@ -107,6 +114,22 @@ class Handler(BaseHTTPRequestHandler):
             self.app.metrics.request_done(path, code)
         super().send_response(code, message)
 
+    def send_error(self, code: int, message: str | None = None, explain: str | None = None) -> None:
+        """The base class's errors (a malformed request line, headers over its limits, a method
+        it has no handler for) as JSON, like the API's own; the connection is closed after."""
+        self.close_connection = True
+        if not (self.request_version or "HTTP/1.1").startswith("HTTP/"):
+            self.request_version = "HTTP/1.1"
+        if self.request_version == "HTTP/0.9":  # a line the parser could not read: answer in HTTP/1.1
+            self.request_version = "HTTP/1.1"
+        text = printable(message or explain or self.responses.get(code, ("error",))[0], 300)
+        self.log_error("code %d, message %s", code, text)
+        error = ApiError(code, f"HTTP {code}: {text}", code=HTTP_LAYER_CODES.get(code, "http_error"))
+        try:
+            self._send_json(code, error.body(), {"Connection": "close"})
+        except OSError:
+            pass
+
     def end_headers(self) -> None:
         origin = self._cors_origin()
         if origin:
@@ -118,7 +141,8 @@ class Handler(BaseHTTPRequestHandler):
         """The Access-Control-Allow-Origin value for this request: CORS is off unless --cors-origin
         was given, and then answers only the origins it lists ("*": any)."""
         allowed = self.app.config.cors_origins
-        origin = self.headers.get("Origin") if self.headers else None
+        headers = getattr(self, "headers", None)  # not yet parsed when the request line was bad
+        origin = headers.get("Origin") if headers else None
         if not allowed or not origin:
             return None
         if "*" in allowed:
@@ -231,9 +255,11 @@ class Handler(BaseHTTPRequestHandler):
         if len(raw) < length:
             raise ClientGone()
         try:
-            body = json.loads(raw)
-        except (UnicodeDecodeError, json.JSONDecodeError) as e:
-            raise invalid(f"the request body is not valid JSON: {e}", None, "invalid_json") from None
+            body = parse_json(raw, MAX_BODY_DEPTH)
+        except ValueError as e:  # not JSON, not UTF-8, too deep, or a number of over 4300 digits
+            why = ("a number in it has more digits than a JSON number may (4300)" if "integer string conversion"
+                   in str(e) else printable(e, 200))
+            raise invalid(f"the request body is not valid JSON: {why}", None, "invalid_json") from None
         if not isinstance(body, dict):
             raise invalid(f"the request body is a JSON {type(body).__name__}: expected a JSON object", None,
                           "invalid_json")
@@ -265,6 +291,7 @@ class Handler(BaseHTTPRequestHandler):
             raise shutting_down()
         req = parse(body, self.app.model, self.app.config, self.app.model_id)
         job = self.app.worker.submit(req)
+        self._checked_at = time.monotonic()
         ids = ResponseIds(req.kind, req.model_id, self.app.fingerprint)
         try:
             if req.stream:
@@ -339,12 +366,19 @@ class Handler(BaseHTTPRequestHandler):
             return
 
     def _next_event(self, job: Job) -> tuple[str, Any]:
+        """The job's next event. Every POLL_S, whether events are flowing or not, the client's
+        socket is checked: one that hung up (a non-streaming client too, which reads nothing
+        until the end) has its job cancelled instead of generated to max_tokens."""
         while True:
+            now = time.monotonic()
+            if now - self._checked_at >= POLL_S:
+                self._checked_at = now
+                if self._client_gone():
+                    raise ClientGone()
             try:
                 return job.events.get(timeout=POLL_S)
             except queue.Empty:
-                if self._client_gone():
-                    raise ClientGone() from None
+                continue
 
     def _client_gone(self) -> bool:
         """A readable socket with nothing to read is one the client closed."""
@@ -376,10 +410,10 @@ class Handler(BaseHTTPRequestHandler):
         self.send_header("Content-Length", str(len(data)))
         for name, value in (headers or {}).items():
             self.send_header(name, value)
-        if self.close_connection:
+        if self.close_connection and "Connection" not in (headers or {}):
             self.send_header("Connection", "close")
         self.end_headers()
-        if self.command != "HEAD":
+        if self.command != "HEAD" and status >= 200 and status not in (204, 304):
             self.wfile.write(data)
 
     def _send_text(self, status: int, text: str, content_type: str) -> None:
@@ -412,5 +446,5 @@ class Handler(BaseHTTPRequestHandler):
             self.wfile.write(data)
 
     def log_message(self, format: str, *args: Any) -> None:
-        if self.app.config.access_log:
-            sys.stderr.write(f"{time.strftime('%H:%M:%S')} {self.address_string()} {format % args}\n")
+        if self.app.config.access_log:  # the request line is the client's: shown escaped
+            sys.stderr.write(f"{time.strftime('%H:%M:%S')} {self.address_string()} {printable(format % args, 1000)}\n")

@@ -21,6 +21,7 @@ from edgeflash.server.output_options import OutputOptions, chat_output_options, 
 
 CHAT_ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant", "tool": "tool"}
 MAX_STOP_STRINGS = 4
+MAX_INT32 = 2**31 - 1
 
 
 @dataclass
@@ -199,7 +200,7 @@ def _sampling(body: dict[str, Any], config: ServerConfig) -> dict[str, Any]:
     return {
         "temperature": _number(body, "temperature", d["temperature"], lambda v: 0 <= v <= 2, "in [0, 2]"),
         "top_p": _number(body, "top_p", d["top_p"], lambda v: 0 < v <= 1, "in (0, 1]"),
-        "top_k": _integer(body, "top_k", d["top_k"], lambda v: v >= 0, ">= 0"),
+        "top_k": _integer(body, "top_k", d["top_k"], lambda v: 0 <= v <= MAX_INT32, f"in [0, {MAX_INT32}]"),
         "min_p": _number(body, "min_p", d["min_p"], lambda v: 0 <= v < 1, "in [0, 1)"),
         "repetition_penalty": _number(body, "repetition_penalty", d["repetition_penalty"],
                                       lambda v: 0 < v <= 10, "in (0, 10]"),
@@ -207,8 +208,9 @@ def _sampling(body: dict[str, Any], config: ServerConfig) -> dict[str, Any]:
                                      "in [-2, 2]"),
         "presence_penalty": _number(body, "presence_penalty", d["presence_penalty"], lambda v: -2 <= v <= 2,
                                     "in [-2, 2]"),
-        "repeat_last_n": _integer(body, "repeat_last_n", d["repeat_last_n"], lambda v: v >= -1, ">= -1"),
-        "seed": _integer(body, "seed", d["seed"], lambda v: True, ""),
+        "repeat_last_n": _integer(body, "repeat_last_n", d["repeat_last_n"], lambda v: -1 <= v <= MAX_INT32,
+                                  f"in [-1, {MAX_INT32}]"),
+        "seed": _integer(body, "seed", d["seed"], lambda v: 0 <= v < 2**64, "in [0, 2^64)"),
     }
 
 
@@ -273,7 +275,10 @@ def _is_int(value: Any) -> bool:
 
 
 def _is_number(value: Any) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+    """A JSON number: any integer (however long; ranges are checked after), a finite float."""
+    if isinstance(value, bool):
+        return False
+    return isinstance(value, int) or (isinstance(value, float) and math.isfinite(value))
 
 
 def _number(body: dict[str, Any], name: str, default: Any, ok: Callable[[float], bool], expected: str) -> Any:

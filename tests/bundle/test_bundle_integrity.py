@@ -9,6 +9,7 @@ import pytest
 from edgeflash.base.errors import IntegrityError, ModelFormatError, UnsupportedModelError
 from edgeflash.runtime.bundle import Bundle, load_bundle
 from edgeflash.runtime.bundle.packed import is_packed, pack_array, unpack_array
+from edgeflash.runtime.bundle.seal import sealed
 
 
 def _flip(path, offset: int) -> None:
@@ -71,8 +72,17 @@ def test_tables_of_another_format_fall_back_to_tokenizer_json(bundle_copy):
     text = "Tables of another format: the tokenizer is built from tokenizer.json instead."
     expected = Bundle.open(bundle_copy, verify=False).tokenizer().encode(text)
     _edit_manifest(bundle_copy, lambda m: m["tokenizer"]["tables"].update(format=999))
-    (bundle_copy / "tokenizer.tables").write_bytes(b"not tables")  # never read
     assert load_bundle(bundle_copy, verify=False).tokenizer.encode(text) == expected
+
+
+@pytest.mark.parametrize("name", ["tokenizer.json", "tokenizer.tables"])
+def test_both_tokenizer_files_are_checked_on_every_open(bundle_copy, name):
+    """A run reads one of them (the tables when their format is this edgeflash's): a change to
+    either is refused, also by runs that skip the block checksums (budgeted runs check blocks as
+    they read them)."""
+    _flip(bundle_copy / name, 100)
+    with pytest.raises(IntegrityError, match=f"{name}: checksum mismatch"):
+        load_bundle(bundle_copy, verify=False)
 
 
 def test_truncated_weights_are_rejected(bundle_copy):
@@ -83,11 +93,13 @@ def test_truncated_weights_are_rejected(bundle_copy):
         load_bundle(bundle_copy)
 
 
-def _edit_manifest(bundle_dir, edit) -> None:
+def _edit_manifest(bundle_dir, edit, reseal: bool = True) -> None:
+    """Edit manifest.json; `reseal`: with its checksum recomputed, as a writer with a bug (or a
+    hand-made manifest) would leave it, so the checks behind the checksum are what is tested."""
     path = bundle_dir / "manifest.json"
     m = json.loads(path.read_text())
     edit(m)
-    path.write_text(json.dumps(m))
+    path.write_text(json.dumps(sealed(m) if reseal else m))
 
 
 def _tensor(m, name):
@@ -145,6 +157,68 @@ def test_bad_manifests_are_rejected(bundle_copy, edit, error, fragment):
     with pytest.raises(error, match=fragment) as info:
         load_bundle(bundle_copy)
     assert "manifest.json" in str(info.value) or "format version" in str(info.value)
+
+
+@pytest.mark.parametrize("edit", [
+    lambda m: m["model"]["spec"].update(norm_eps=m["model"]["spec"]["norm_eps"] * 2),
+    lambda m: m["model"]["spec"].update(n_layers=1),
+    lambda m: m["model"]["spec"].update(embedding_scale=2.0),
+    lambda m: m["tensors"][0].update(name=m["tensors"][1]["name"]) or m["tensors"][1].update(
+        name=m["tensors"][0]["name"]),
+    lambda m: m.update(created_by="edgeflash 9.9.9"),
+    lambda m: m.pop("manifest_crc32"),
+])
+def test_any_change_to_the_manifest_is_detected(bundle_copy, edit):
+    """The manifest carries its own checksum: a changed value anywhere in it (not only the fields a
+    reader could judge) is refused, while its layout on disk may change freely."""
+    _edit_manifest(bundle_copy, lambda m: None, reseal=False)  # the same values, laid out differently
+    load_bundle(bundle_copy)
+    _edit_manifest(bundle_copy, edit, reseal=False)
+    with pytest.raises(ModelFormatError, match="manifest_crc32|checksum mismatch in the manifest"):
+        load_bundle(bundle_copy)
+
+
+@pytest.mark.parametrize("edit,fragment", [
+    (lambda m: m["model"]["spec"].update(d_ff=10 ** 30), r"model\.spec\.d_ff = 10{30}: expected an integer"),
+    (lambda m: m["model"]["spec"].update(vocab_size=0), r"model\.spec\.vocab_size = 0"),
+    (lambda m: m["model"]["spec"].update(n_kv_heads="abc"), r"model\.spec\.n_kv_heads = 'abc'"),
+    (lambda m: m["model"]["spec"].update(rope_theta=0), r"model\.spec\.rope_theta = 0"),
+    (lambda m: m["model"]["spec"].update(norm_eps=float("nan")), r"model\.spec\.norm_eps = nan"),
+    (lambda m: m["model"]["spec"].update(n_layers=1, layer_kinds=["full"]), "names a layer outside|layer < n_layers"),
+    (lambda m: m["model"]["spec"].update(d_model=m["model"]["spec"]["d_model"] + 64), "has shape|arena"),
+    (lambda m: m["calibration"]["sparsity"].update(act_threshold=[[1.0]]), "act_threshold has 1 entries"),
+    (lambda m: m["calibration"]["sparsity"].update(targets="most"), r"calibration\.sparsity\.targets"),
+    (lambda m: m["calibration"]["token_frequencies"].update(ids=pack_array([10 ** 9], "int32")),
+     "token ids in"),
+])
+def test_resealed_manifests_are_still_judged_field_by_field(bundle_copy, edit, fragment):
+    _edit_manifest(bundle_copy, edit)
+    with pytest.raises(ModelFormatError, match=fragment):
+        load_bundle(bundle_copy)
+
+
+def test_an_unfinished_export_is_not_loaded(bundle_copy):
+    (bundle_copy / ".edgeflash-export-in-progress").write_text("{}")
+    with pytest.raises(ModelFormatError, match="an export that did not finish"):
+        load_bundle(bundle_copy)
+
+
+@pytest.mark.parametrize("name", ["manifest.json", "weights.bin", "tokenizer.json", "tokenizer.tables"])
+@pytest.mark.parametrize("kind", ["fifo", "dev_zero", "directory", "symlink_loop"])
+def test_bundle_files_must_be_regular_files(bundle_copy, name, kind):
+    """A FIFO would block the reader, /dev/zero never ends: refused by what they are, at once."""
+    path = bundle_copy / name
+    path.unlink()
+    if kind == "fifo":
+        os.mkfifo(path)
+    elif kind == "dev_zero":
+        path.symlink_to("/dev/zero")
+    elif kind == "directory":
+        path.mkdir()
+    else:
+        path.symlink_to(path.name)
+    with pytest.raises(ModelFormatError):
+        load_bundle(bundle_copy)
 
 
 def test_not_a_bundle(tmp_path):
