@@ -14,9 +14,9 @@ from pathlib import Path
 from typing import Any
 
 from edgeflash import kernels
-from edgeflash.export.partition import BlockPlan
+from edgeflash.export.partition import BlockSpec, TensorSlot
 from edgeflash.export.sources.resolve import load_source
-from edgeflash.export.writer import check_output, write_bundle
+from edgeflash.export.writer import BundleWriter, check_output
 from edgeflash.runtime.bundle.layout import FORMAT_VERSION, MAGIC, block_of_tensor, block_sort_key
 from edgeflash.runtime.distributed.shard import (
     column_format,
@@ -47,23 +47,32 @@ def export_shards(source: Any, out: str | Path, ranks: int, *, overwrite: bool =
     for shard in shards:
         spec = rank_spec(model.spec, shard)
         part = {name: cut_tensor(t, model.spec, shard) for name, t in tensors.items()}
-        blocks: dict[str, BlockPlan] = {}
+        blocks: dict[str, BlockSpec] = {}
         for name in sorted(part):
             block = block_of_tensor(name)
             if block not in blocks:
                 layer = int(block.split(".")[1]) if block.startswith("layer.") else None
-                blocks[block] = BlockPlan(name=block, kind=block.split(".")[-1] if layer is not None else block,
+                blocks[block] = BlockSpec(name=block, kind=block.split(".")[-1] if layer is not None else block,
                                           layer=layer)
-            blocks[block].tensors.append((part[name], "weight"))
+            t = part[name]
+            blocks[block].tensors.append(TensorSlot(t.name, t.fmt, tuple(t.shape), "weight"))
         for b in blocks.values():  # small 1-D tensors first: a reader needing only them reads one page
-            b.tensors.sort(key=lambda item: (len(item[0].shape) > 1, item[0].name))
+            b.tensors.sort(key=lambda slot: (len(slot.shape) > 1, slot.name))
         manifest = {"magic": MAGIC, "format_version": FORMAT_VERSION, "created_by": "edgeflash export --ranks",
                     "model": {"name": model.name, "spec": spec.to_dict()},
                     "source": {"kind": model.kind, "path": str(model.path), "name": model.name},
                     "shard": {**shard.to_dict(), "spec": model.spec.to_dict()}}
         path = rank_dir(out, shard.rank)
-        write_bundle(path, [blocks[n] for n in sorted(blocks, key=block_sort_key)], manifest,
-                     model.tokenizer.to_json(), model.tokenizer.tables(), overwrite=overwrite)
+        ordered = [blocks[n] for n in sorted(blocks, key=block_sort_key)]
+        writer = BundleWriter(path, ordered, overwrite=overwrite)
+        try:
+            for b in ordered:
+                writer.write_block(b.name, {slot.name: part[slot.name].raw for slot in b.tensors})
+            writer.finish(manifest, model.tokenizer.to_json(), model.tokenizer.tables())
+            writer.commit()
+        except BaseException:
+            writer.abort()
+            raise
         if progress:
             print(f"rank {shard.rank}/{ranks}: {path} (heads {shard.heads}, KV heads {shard.kv_heads}, "
                   f"neurons {shard.neurons}, vocabulary rows {shard.vocab})", flush=True)

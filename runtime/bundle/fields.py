@@ -111,9 +111,10 @@ def _positive(value: Any) -> bool:
     return _is_number(value) and math.isfinite(value) and value > 0
 
 
-def check_tables_against_spec(spec: ModelSpec, blocks: dict[str, Any], tensors: dict[str, Any], where: Path
-                              ) -> None:
-    """Tensor shapes, layer numbers and arena geometry against the spec."""
+def check_tables_against_spec(spec: ModelSpec, blocks: dict[str, Any], tensors: dict[str, Any], where: Path,
+                              whole_tensors: bool = True) -> None:
+    """Tensor shapes, layer numbers and arena geometry against the spec. A rank's bundle
+    (`whole_tensors=False`) holds a cut of each tensor, whose shapes the shard table gives instead."""
     for block in blocks.values():
         if block.layer is not None and block.layer >= spec.n_layers:
             raise _fail(where, f"block {block.name}: layer", block.layer, f"a layer < n_layers {spec.n_layers}")
@@ -129,7 +130,8 @@ def check_tables_against_spec(spec: ModelSpec, blocks: dict[str, Any], tensors: 
             index = name.split(".")[1]
             if not index.isdigit() or int(index) >= spec.n_layers:
                 raise ModelFormatError(f"{where}: tensor {printable(name)} names a layer outside 0..{spec.n_layers - 1}")
-    check_tensor_shapes(spec, {name: t.shape for name, t in tensors.items()}, str(where))
+    if whole_tensors:
+        check_tensor_shapes(spec, {name: t.shape for name, t in tensors.items()}, str(where))
     for layer in range(spec.n_layers):
         a, b = tensors.get(f"blk.{layer}.predictor_a.weight"), tensors.get(f"blk.{layer}.predictor_b.weight")
         if (a is None) != (b is None):

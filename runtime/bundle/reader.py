@@ -78,7 +78,8 @@ class Bundle:
                 check_seal(raw, raw["format_version"], manifest_path)
             manifest = parse_manifest(raw, manifest_path, size)
             spec = check_spec(raw["model"]["spec"], manifest_path)
-            check_tables_against_spec(spec, manifest.blocks, manifest.tensors, manifest_path)
+            check_tables_against_spec(spec, manifest.blocks, manifest.tensors, manifest_path,
+                                      whole_tensors=not isinstance(raw.get("shard"), dict))
             check_calibration(raw.get("calibration"), spec, manifest_path)
             _compact_calibration(raw, manifest, manifest_path)
             weights_map = mmap.mmap(fd, 0, access=mmap.ACCESS_READ) if size else None
