@@ -180,9 +180,22 @@ class PyEngine {
   }
   size_t staging_bytes() const { return streaming_ ? streaming_->staging_bytes() : 0; }
 
+  // Per-operation seconds and call counts of the forward passes since profiling was turned on,
+  // plus "passes" and "tokens" (op_profile.h).
+  nb::dict profile() const {
+    const OpProfile& p = engine_->profile();
+    nb::dict out;
+    for (int i = 0; i < kOpCount; ++i)
+      out[op_name(static_cast<Op>(i))] = nb::make_tuple(p.seconds[i], p.calls[i]);
+    out["passes"] = p.passes;
+    out["tokens"] = p.tokens;
+    return out;
+  }
+
   int64_t truncate(int64_t n) { return engine_->truncate(n); }
   int64_t committed() const { return engine_->committed(); }
   EngineMemory memory() const { return engine_->memory(); }
+  void set_profiling(bool on) { engine_->set_profiling(on); }
 
  private:
   const ModelShape& shape() const { return engine_->shape(); }
@@ -270,6 +283,9 @@ void bind_engine(nb::module_& m) {
       .def("forward", &PyEngine::forward, nb::arg("tokens"), nb::arg("positions"), nb::arg("tree_mask").none(),
            nb::arg("logit_rows"), nb::arg("out"))
       .def("commit", &PyEngine::commit)
+      .def("set_profiling", [](PyEngine& e, bool on) { e.set_profiling(on); }, nb::arg("on"),
+           "Time each operation of the forward passes from now on (on) or stop (off); clears the times.")
+      .def("profile", &PyEngine::profile)
       .def("truncate", &PyEngine::truncate)
       .def("set_streaming", &PyEngine::set_streaming, nb::arg("plan"))
       .def("set_sparse_ffn", &PyEngine::set_sparse_ffn, nb::arg("layers"), nb::arg("gate"), nb::arg("up"),

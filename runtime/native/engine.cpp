@@ -4,6 +4,7 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <optional>
 #include <string>
 
 namespace ef::engine {
@@ -191,9 +192,12 @@ void Engine::run_block(int64_t layer, const LayerWeights& w, int64_t n, const in
 
   // Attention: h = norm(x); q, k, v share one quantization of h.
   rms_norm(x, w.attn_norm, h, n, d, s.norm_eps);
-  linear(w.q, h, xq_, false, n, q_.data());
-  linear(w.k, h, xq_, true, n, k_.data());
-  linear(w.v, h, xq_, true, n, v_.data());
+  {
+    OpTimer timer(prof(), Op::gemv_qkv);
+    linear(w.q, h, xq_, false, n, q_.data());
+    linear(w.k, h, xq_, true, n, k_.data());
+    linear(w.v, h, xq_, true, n, v_.data());
+  }
   add_bias(q_.data(), w.q_bias, n, qd);
   add_bias(k_.data(), w.k_bias, n, kd);
   add_bias(v_.data(), w.v_bias, n, kd);
@@ -208,6 +212,7 @@ void Engine::run_block(int64_t layer, const LayerWeights& w, int64_t n, const in
   rope(q_.data(), n, s.n_heads, s.head_dim, positions, rp);
   rope(k_.data(), n, s.n_kv_heads, s.head_dim, positions, rp);
 
+  std::optional<OpTimer> attention_timer(std::in_place, prof(), Op::attention);
   KvCache cache = caches_[layer].view();
   cache.fmt = options_.kv_format;
   cache.n_kv_heads = s.n_kv_heads;
@@ -223,19 +228,31 @@ void Engine::run_block(int64_t layer, const LayerWeights& w, int64_t n, const in
   a.scale = s.attn_scale;
   a.out = attn_.data();
   attention(cache, a);
-  linear(w.o, attn_.data(), xq_, false, n, h);
+  attention_timer.reset();
+  {
+    OpTimer timer(prof(), Op::gemv_o);
+    linear(w.o, attn_.data(), xq_, false, n, h);
+  }
   if (s.sandwich_norm) rms_norm(h, w.post_attn_norm, h, n, d, s.norm_eps);
   add_into(x, h, n * d);
 
   // Feed-forward: gate and up share one quantization of norm(x).
   rms_norm(x, w.ffn_norm, h, n, d, s.norm_eps);
   if (ffn_hook_ && ffn_hook_->active(layer)) {
+    OpTimer timer(prof(), Op::ffn_hook);
     ffn_hook_->compute(layer, w, h, n, sel_.data());  // sel_ is free until the logits
     std::memcpy(h, sel_.data(), static_cast<size_t>(n * d) * sizeof(float));
   } else {
-    linear(w.gate, h, xq_, false, n, gate_.data());
-    linear(w.up, h, xq_, true, n, up_.data());
-    gated_act(gate_.data(), up_.data(), gate_.data(), n * s.d_ff, s.act);
+    {
+      OpTimer timer(prof(), Op::gemv_ffn_in);
+      linear(w.gate, h, xq_, false, n, gate_.data());
+      linear(w.up, h, xq_, true, n, up_.data());
+    }
+    {
+      OpTimer timer(prof(), Op::ffn_act);
+      gated_act(gate_.data(), up_.data(), gate_.data(), n * s.d_ff, s.act);
+    }
+    OpTimer timer(prof(), Op::gemv_ffn_down);
     linear(w.down, gate_.data(), xq_, false, n, h);
   }
   if (s.sandwich_norm) rms_norm(h, w.post_ffn_norm, h, n, d, s.norm_eps);
@@ -266,6 +283,11 @@ void Engine::forward(const int32_t* tokens, const int32_t* positions, int64_t n,
     if (logit_rows[r] < 0 || logit_rows[r] >= n) throw engine_error("logit row out of range");
 
   commit(nullptr, 0);  // drop an uncommitted tree from an earlier call
+  OpTimer forward_timer(prof(), Op::forward);
+  if (profiling_) {
+    profile_.passes += 1;
+    profile_.tokens += n;
+  }
 
   // Embedding rows, scaled.
   if (embed_source_)
@@ -280,7 +302,10 @@ void Engine::forward(const int32_t* tokens, const int32_t* positions, int64_t n,
     const LayerCache& c = caches_[layer];
     for (int64_t j = 0; j < n; ++j) slots_[j] = static_cast<int32_t>((committed_ + j) % c.capacity);
     if (tree_mask) build_attention_mask(layer, n, tree_mask);
-    const LayerWeights& w = source_->acquire(layer);
+    const LayerWeights& w = [&]() -> const LayerWeights& {
+      OpTimer timer(prof(), Op::weights_wait);
+      return source_->acquire(layer);
+    }();
     run_block(layer, w, n, positions, slots_.data(), tree_mask ? mask_.data() : nullptr);
     source_->release(layer);
   }
@@ -297,6 +322,7 @@ void Engine::forward(const int32_t* tokens, const int32_t* positions, int64_t n,
     std::memcpy(sel_.data() + r * s.d_model, x_.data() + static_cast<int64_t>(logit_rows[r]) * s.d_model,
                 s.d_model * sizeof(float));
   rms_norm(sel_.data(), out_norm_, sel_.data(), n_logit_rows, s.d_model, s.norm_eps);
+  OpTimer head_timer(prof(), Op::gemv_head);
   if (!logits) {  // softcapping is monotonic: it does not change the argmax
     compute_argmax(n_logit_rows, argmax);
     return;

@@ -15,6 +15,7 @@
 
 #include "edgeflash/kernels.h"
 #include "layer_source.h"
+#include "op_profile.h"
 
 namespace ef::engine {
 
@@ -113,6 +114,14 @@ class Engine {
   const EngineOptions& options() const { return options_; }
   EngineMemory memory() const;
 
+  // Per-operation wall time of forward passes (op_profile.h); off by default. Turning it on
+  // clears what was collected.
+  void set_profiling(bool on) {
+    profile_ = OpProfile{};
+    profiling_ = on;
+  }
+  const OpProfile& profile() const { return profile_; }
+
  private:
   struct LayerCache {
     std::vector<uint8_t> k, v;
@@ -153,6 +162,10 @@ class Engine {
   std::vector<int32_t> slots_;
   std::vector<uint8_t> mask_;
   QuantizedActs xq_;
+
+  OpProfile profile_;
+  bool profiling_ = false;
+  OpProfile* prof() { return profiling_ ? &profile_ : nullptr; }
 };
 
 }  // namespace ef::engine
