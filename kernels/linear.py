@@ -6,7 +6,9 @@ import numpy as np
 
 from . import _native
 from ._arrays import array, index_array, out_array
-from .formats import QUANTIZABLE, format_info, row_bytes
+from .formats import FORMATS, QUANTIZABLE, format_info, row_bytes
+
+PANEL_FORMATS = tuple(name for name in FORMATS if _native.has_panels(name))
 
 
 def weight_matrix(w: object, fmt: str, cols: int | None = None) -> tuple[np.ndarray, int, int]:
@@ -59,6 +61,33 @@ def matmul(w: object, fmt: str, x: object, out: np.ndarray | None = None, *, pre
     shape = (rows,) if x.ndim == 1 else (n, rows)
     out = out_array("out", out, shape, inputs=(("x", x), ("w", w)))
     _native.matmul(w, fmt, rows, cols, 0, x, n, out, bool(precise))
+    return out
+
+
+def pack_panels(w: object, fmt: str, cols: int | None = None) -> np.ndarray:
+    """The panel layout of a quantized matrix (docs/weight-formats.md): uint8 [panel_bytes], the 16-row
+    groups interleaved so a SIMD GEMV reads them in one stream. Run it with `matmul_panels`."""
+    w, rows, cols = weight_matrix(w, fmt, cols)
+    if not _native.has_panels(fmt):
+        raise ValueError(f"format {fmt} has no panel layout (it has: {', '.join(PANEL_FORMATS)})")
+    out = np.empty(_native.panel_bytes(fmt, rows, cols), dtype=np.uint8)
+    _native.pack_panels(w, fmt, rows, cols, out)
+    return out
+
+
+def matmul_panels(packed: object, fmt: str, rows: int, cols: int, x: object, out: np.ndarray | None = None, *,
+                  precise: bool = False) -> np.ndarray:
+    """`matmul` of a [rows, cols] matrix in the panel layout (from `pack_panels`)."""
+    if not _native.has_panels(fmt):
+        raise ValueError(f"format {fmt} has no panel layout (it has: {', '.join(PANEL_FORMATS)})")
+    packed = array("packed", packed, np.uint8, 1)
+    need = _native.panel_bytes(fmt, rows, cols)
+    if packed.size != need:
+        raise ValueError(f"packed has {packed.size} bytes, {rows} x {cols} of {fmt} in panels take {need}")
+    x, n = _activations(array("x", x, np.float32, (1, 2)), cols)
+    shape = (rows,) if x.ndim == 1 else (n, rows)
+    out = out_array("out", out, shape, inputs=(("x", x), ("packed", packed)))
+    _native.matmul(packed, fmt, rows, cols, 0, x, n, out, bool(precise), True)
     return out
 
 

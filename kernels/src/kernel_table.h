@@ -11,14 +11,20 @@
 
 namespace ef {
 
-// Rows of a weight matrix: row r is at base + (index ? index[r] : r) * stride.
+// Rows of a weight matrix: row r is at base + (index ? index[r] : r) * stride. In the panel
+// layout, panel p (rows 16p..16p+15) starts at base + 16 p stride and index is null.
 struct RowsView {
   const uint8_t* base;
   size_t stride;
   const int32_t* index;
   int64_t cols;
+  int64_t rows = 0;  // rows of the whole matrix (how far a kernel may prefetch); 0 = unknown
   const uint8_t* row(int64_t r) const { return base + static_cast<size_t>(index ? index[r] : r) * stride; }
+  const uint8_t* panel(int64_t r) const { return base + static_cast<size_t>(r / 16 * 16) * stride; }
 };
+
+// Row i (0..15) of a panel (in the panel layout) back in the row layout (panels.cpp).
+void panel_row(Format f, int64_t cols, const uint8_t* panel, int i, uint8_t* row);
 
 // Q8 activations of n tokens (see QuantizedActs).
 struct Q8View {
@@ -36,7 +42,8 @@ inline Q8View q8_view(const QuantizedActs& a) {
   return Q8View{a.q(), a.d(), a.s16(), a.d8(), a.nsum16(), a.nsum32(), a.s32(), a.cols()};
 }
 
-// y[t * ldy + (r - r0)] for rows r in [r0, r1) and tokens t in [t0, t1).
+// y[t * ldy + (r - r0)] for rows r in [r0, r1) and tokens t in [t0, t1). For a panel-layout
+// matrix r0 is a multiple of 16 and r1 one too or the last row.
 using GemmQ8Fn = void (*)(const RowsView& w, int64_t r0, int64_t r1, const Q8View& x, int64_t t0, int64_t t1,
                           float* y, int64_t ldy);
 // Float weights (f32, f16) with f32 activations x: [.., cols] (row stride cols).
@@ -89,6 +96,7 @@ struct Entry {
 
 struct KernelTable {
   Entry<GemmQ8Fn> gemm_q8[kFormatCount];     // quantized formats
+  Entry<GemmQ8Fn> gemm_q8_panels[kFormatCount];  // the same on the panel layout
   Entry<GemmF32Fn> gemm_f32[kFormatCount];   // f32, f16
   Entry<DequantRowFn> dequant[kFormatCount];
   Entry<QuantizeActsFn> quantize_acts;

@@ -19,6 +19,17 @@ void check_weights(const WeightMatrix& w, const char* what) {
   if (w.rows <= 0) throw KernelError(std::string(what) + ": weight rows must be positive, got " + std::to_string(w.rows));
   check_cols(w.fmt, w.cols, what);
   const size_t rb = row_bytes(w.fmt, w.cols);
+  if (w.layout == Layout::panels) {
+    if (!has_panels(w.fmt))
+      throw KernelError(std::string(what) + ": format " + format_info(w.fmt).name + " has no panel layout");
+    if (w.stride) throw KernelError(std::string(what) + ": a panel-layout matrix has no row stride");
+    const size_t need = panel_bytes(w.fmt, w.rows, w.cols);
+    if (w.size_bytes < need)
+      throw KernelError(std::string(what) + ": weight buffer holds " + std::to_string(w.size_bytes) + " bytes, " +
+                        std::to_string(w.rows) + " rows of " + format_info(w.fmt).name + " in panels need " +
+                        std::to_string(need));
+    return;
+  }
   const size_t stride = w.stride ? w.stride : rb;
   if (stride < rb)
     throw KernelError(std::string(what) + ": row stride " + std::to_string(stride) + " is below the row size " +
@@ -31,7 +42,14 @@ void check_weights(const WeightMatrix& w, const char* what) {
 
 RowsView view_of(const WeightMatrix& w, const int32_t* index) {
   const size_t rb = row_bytes(w.fmt, w.cols);
-  return RowsView{w.data, w.stride ? w.stride : rb, index, w.cols};
+  return RowsView{w.data, w.stride ? w.stride : rb, index, w.cols, w.rows};
+}
+
+// Row r of a matrix in the row layout: in place, or copied out of its panel into `tmp`.
+const uint8_t* row_of(const RowsView& v, Layout layout, Format fmt, int64_t r, uint8_t* tmp) {
+  if (layout == Layout::rows) return v.row(r);
+  panel_row(fmt, v.cols, v.panel(r), static_cast<int>(r % kPanelRows), tmp);
+  return tmp;
 }
 
 // Row chunk per task: enough tasks to balance the threads, few enough that claiming is cheap;
@@ -49,8 +67,9 @@ int64_t rows_per_task(int64_t rows, int64_t n_tok, size_t row_bytes_) {
   return std::max<int64_t>(1, std::min(chunk, rows));
 }
 
-void run_gemm_q8(const RowsView& v, int64_t rows, size_t rb, Format fmt, const QuantizedActs& xq, float* y) {
-  const GemmQ8Fn fn = kernels().gemm_q8[int(fmt)].fn;
+void run_gemm_q8(const RowsView& v, Layout layout, int64_t rows, size_t rb, Format fmt, const QuantizedActs& xq,
+                 float* y) {
+  const GemmQ8Fn fn = layout == Layout::panels ? kernels().gemm_q8_panels[int(fmt)].fn : kernels().gemm_q8[int(fmt)].fn;
   const Q8View xv = q8_view(xq);
   const int64_t n = xq.n(), chunk = rows_per_task(rows, n, rb);
   const int64_t tasks = (rows + chunk - 1) / chunk;
@@ -71,7 +90,8 @@ void run_gemm_f32(const RowsView& v, int64_t rows, size_t rb, Format fmt, const 
 }
 
 // Quantized weights with f32 activations: dequantize a chunk of rows, then the f32 kernel.
-void run_gemm_dequant(const RowsView& v, int64_t rows, size_t rb, Format fmt, const float* x, int64_t n, float* y) {
+void run_gemm_dequant(const RowsView& v, Layout layout, int64_t rows, size_t rb, Format fmt, const float* x, int64_t n,
+                      float* y) {
   const KernelTable& t = kernels();
   const DequantRowFn dq = t.dequant[int(fmt)].fn;
   const GemmF32Fn fn = t.gemm_f32[int(Format::f32)].fn;
@@ -81,7 +101,8 @@ void run_gemm_dequant(const RowsView& v, int64_t rows, size_t rb, Format fmt, co
   ThreadPool::global().run(tasks, [&](int64_t task, int) {
     const int64_t r0 = task * chunk, r1 = std::min(rows, r0 + chunk);
     float* buf = scratch_floats(static_cast<size_t>(chunk * cols));
-    for (int64_t r = r0; r < r1; ++r) dq(v.row(r), cols, buf + (r - r0) * cols);
+    uint8_t* tmp = layout == Layout::panels ? reinterpret_cast<uint8_t*>(scratch_floats(rb / 4 + 1, 1)) : nullptr;
+    for (int64_t r = r0; r < r1; ++r) dq(row_of(v, layout, fmt, r, tmp), cols, buf + (r - r0) * cols);
     const RowsView fv{reinterpret_cast<const uint8_t*>(buf), static_cast<size_t>(cols) * 4, nullptr, cols};
     fn(fv, 0, r1 - r0, x, 0, n, y + r0, rows);
   });
@@ -96,11 +117,11 @@ void matmul_impl(const WeightMatrix& w, const int32_t* index, int64_t out_rows, 
   if (!format_info(w.fmt).quantized) {
     run_gemm_f32(v, out_rows, rb, w.fmt, x, n, y);
   } else if (prec == ActPrecision::f32) {
-    run_gemm_dequant(v, out_rows, rb, w.fmt, x, n, y);
+    run_gemm_dequant(v, w.layout, out_rows, rb, w.fmt, x, n, y);
   } else {
     thread_local QuantizedActs xq;
     xq.quantize(x, n, w.cols);
-    run_gemm_q8(v, out_rows, rb, w.fmt, xq, y);
+    run_gemm_q8(v, w.layout, out_rows, rb, w.fmt, xq, y);
   }
 }
 
@@ -173,12 +194,13 @@ void matmul(const WeightMatrix& w, const QuantizedActs& xq, float* y) {
   if (xq.n() <= 0 || xq.cols() != w.cols)
     throw KernelError("matmul: quantized activations have " + std::to_string(xq.cols()) + " columns, weights have " +
                       std::to_string(w.cols));
-  run_gemm_q8(view_of(w, nullptr), w.rows, row_bytes(w.fmt, w.cols), w.fmt, xq, y);
+  run_gemm_q8(view_of(w, nullptr), w.layout, w.rows, row_bytes(w.fmt, w.cols), w.fmt, xq, y);
 }
 
 void matmul_rows(const WeightMatrix& w, const int32_t* rows, int64_t n_rows, const float* x, int64_t n, float* y,
                  ActPrecision prec) {
   check_weights(w, "matmul_rows");
+  if (w.layout != Layout::rows) throw KernelError("matmul_rows: listed rows need the row layout, not panels");
   check_row_ids(rows, n_rows, w.rows, "matmul_rows");
   matmul_impl(w, rows, n_rows, x, n, y, prec);
 }
@@ -191,13 +213,16 @@ void dequantize_rows(const WeightMatrix& w, const int32_t* rows, int64_t n_rows,
   } else if (n_rows != w.rows) {
     throw KernelError("dequantize: without a row list all " + std::to_string(w.rows) + " rows are written");
   }
-  const RowsView v = view_of(w, rows);
+  const RowsView v = view_of(w, nullptr);
   const DequantRowFn fn = kernels().dequant[int(w.fmt)].fn;
   const int64_t cols = w.cols;
+  const size_t rb = row_bytes(w.fmt, cols);
   const int64_t chunk = std::max<int64_t>(1, (256 << 10) / (cols * 4));
   ThreadPool::global().run((n_rows + chunk - 1) / chunk, [&](int64_t task, int) {
     const int64_t r1 = std::min(n_rows, (task + 1) * chunk);
-    for (int64_t r = task * chunk; r < r1; ++r) fn(v.row(r), cols, out + r * cols);
+    uint8_t* tmp = w.layout == Layout::panels ? reinterpret_cast<uint8_t*>(scratch_floats(rb / 4 + 1, 1)) : nullptr;
+    for (int64_t r = task * chunk; r < r1; ++r)
+      fn(row_of(v, w.layout, w.fmt, rows ? rows[r] : r, tmp), cols, out + r * cols);
   });
 }
 
