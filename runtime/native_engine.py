@@ -9,6 +9,7 @@ kernels do not run are converted once at load, and the conversion is reported in
 
 from __future__ import annotations
 
+import mmap
 from typing import Any, Protocol, Sequence
 
 import edgeflash.kernels as kernels
@@ -25,6 +26,22 @@ LAYER_SLOTS: dict[str, str] = {tensor: slot for slot, tensor in _native.layer_sl
 MATRIX_SLOTS = frozenset(slot for slot, _ in _native.layer_slots()[:_native.MATRIX_SLOTS])
 
 
+def _drop_file_pages(raw: np.ndarray) -> None:
+    """Drop this process's pages of a view into a read-only file mapping (they are re-read from the
+    page cache if touched again), so a matrix copied into the engine's own layout is not resident
+    twice. Anything that is not a file mapping is left alone."""
+    owner = raw
+    while owner is not None and not isinstance(owner, mmap.mmap):
+        owner = getattr(owner, "base", None) if not isinstance(owner, memoryview) else owner.obj
+    if owner is None or not hasattr(mmap, "MADV_DONTNEED") or raw.nbytes == 0:
+        return
+    start = raw.ctypes.data - np.frombuffer(owner, np.uint8, count=1).ctypes.data
+    page = mmap.PAGESIZE
+    first, end = -(-start // page) * page, (start + raw.nbytes) // page * page  # whole pages only
+    if end > first:
+        owner.madvise(mmap.MADV_DONTNEED, first, end - first)
+
+
 class WeightSource(Protocol):
     """Where an engine's weights come from."""
 
@@ -38,13 +55,16 @@ class WeightSource(Protocol):
 
 
 class ResidentWeights:
-    """Every tensor resident, read in place (a memory-mapped file is paged in as it is used)."""
+    """Every tensor resident: matrices the kernels run faster from panels are laid out so at load
+    (a copy the engine owns; the file's pages are dropped after), the rest are read in place (a
+    memory-mapped file is paged in as it is used)."""
 
-    def __init__(self, tensors: dict[str, Tensor]):
+    def __init__(self, tensors: dict[str, Tensor], panels: bool = True):
         self.tensors = tensors
+        self.panels = panels
 
     def install(self, engine: NativeEngine) -> None:
-        engine.set_tensors(self.tensors)
+        engine.set_tensors(self.tensors, panels=self.panels)
 
     def stats(self, engine: NativeEngine) -> dict[str, Any]:
         return {}
@@ -80,14 +100,16 @@ class NativeEngine:
 
     # -- weights ------------------------------------------------------------------------------------
 
-    def set_tensors(self, t: dict[str, Tensor]) -> None:
-        """Hand the native engine every tensor present in `t` (a budgeted run leaves streamed ones out)."""
+    def set_tensors(self, t: dict[str, Tensor], *, panels: bool = False) -> None:
+        """Hand the native engine every tensor present in `t` (a budgeted run leaves streamed ones out).
+        With `panels`, matrices the kernels run faster from the panel layout are copied into it, and
+        the pages of the file they were read from are dropped (the embedding rows stay in place)."""
         native = self._engine
         if "token_embd.weight" in t:
             native.set_embedding(*self._matrix(t["token_embd.weight"]))
         head = t.get("output.weight") if not self.spec.tied_embeddings else t.get("token_embd.weight")
-        if head is not None:
-            native.set_head(*self._matrix(head))
+        if head is not None and native.set_head(*self._matrix(head), panels=panels):
+            _drop_file_pages(head.raw)
         if "output_norm.weight" in t:
             native.set_output_norm(self._vector(t["output_norm.weight"]))
         for layer in range(self.spec.n_layers):
@@ -96,7 +118,8 @@ class NativeEngine:
                 if prefix + tensor not in t:
                     continue
                 if slot in MATRIX_SLOTS:
-                    native.set_matrix(layer, slot, *self._matrix(t[prefix + tensor]))
+                    if native.set_matrix(layer, slot, *self._matrix(t[prefix + tensor]), panels=panels):
+                        _drop_file_pages(t[prefix + tensor].raw)
                 else:
                     native.set_vector(layer, slot, self._vector(t[prefix + tensor]))
 

@@ -50,14 +50,31 @@ class PyEngine {
     engine_->set_layer_source(&layers_);
   }
 
-  WeightMatrix matrix(const In& raw, const std::string& fmt, int64_t rows, int64_t cols) {
+  // A weight matrix the engine reads. With `panels`, a format the kernels run faster from the
+  // panel layout is copied into it now (the copy is the engine's; `raw` is not kept); *packed says
+  // whether it was, so the caller can drop the pages of a file it mapped.
+  WeightMatrix matrix(const In& raw, const std::string& fmt, int64_t rows, int64_t cols, bool panels = false,
+                      bool* packed = nullptr) {
     const Format f = fmt_of(fmt);
     const size_t need = static_cast<size_t>(rows) * row_bytes(f, cols);
     if (nbytes(raw) != need)
       throw KernelError("weight buffer has " + std::to_string(nbytes(raw)) + " bytes, " + std::to_string(rows) +
                         " rows of " + fmt + " x " + std::to_string(cols) + " need " + std::to_string(need));
+    const WeightMatrix w{bytes(raw, "weights"), need, f, rows, cols, 0};
+    if (packed) *packed = false;
+    if (panels && prefers_panels(f)) {
+      memory::AlignedBuffer buf(panel_bytes(f, rows, cols));
+      {
+        nb::gil_scoped_release release;
+        pack_panels(w, buf.data(), buf.size());
+      }
+      const WeightMatrix p{buf.data(), buf.size(), f, rows, cols, 0, Layout::panels};
+      panels_.push_back(std::move(buf));
+      if (packed) *packed = true;
+      return p;
+    }
     keep_.push_back(raw);
-    return WeightMatrix{bytes(raw, "weights"), need, f, rows, cols, 0};
+    return w;
   }
 
   void set_embedding(const In& raw, const std::string& fmt, int64_t rows, int64_t cols) {
@@ -65,9 +82,11 @@ class PyEngine {
     engine_->set_embedding(matrix(raw, fmt, rows, cols));
   }
 
-  void set_head(const In& raw, const std::string& fmt, int64_t rows, int64_t cols) {
+  bool set_head(const In& raw, const std::string& fmt, int64_t rows, int64_t cols, bool panels) {
     check_dims(rows, shape().vocab, cols, shape().d_model, "head");
-    engine_->set_head(matrix(raw, fmt, rows, cols));
+    bool packed = false;
+    engine_->set_head(matrix(raw, fmt, rows, cols, panels, &packed));
+    return packed;
   }
 
   void set_head_shortlist(const In& raw, const std::string& fmt, const In& ids) {
@@ -82,13 +101,15 @@ class PyEngine {
     engine_->set_output_norm(exact<float>(w, static_cast<size_t>(shape().d_model), "output_norm"));
   }
 
-  void set_matrix(int64_t layer, const std::string& name, const In& raw, const std::string& fmt, int64_t rows,
-                  int64_t cols) {
+  bool set_matrix(int64_t layer, const std::string& name, const In& raw, const std::string& fmt, int64_t rows,
+                  int64_t cols, bool panels) {
     const Slot slot = slot_named(name);
     if (!is_matrix(slot)) throw KernelError("'" + name + "' is a vector, not a matrix");
     const auto [want_rows, want_cols] = slot_dims(shape(), slot);
     check_dims(rows, want_rows, cols, want_cols, name);
-    layer_at(layer).matrix(slot) = matrix(raw, fmt, rows, cols);
+    bool packed = false;
+    layer_at(layer).matrix(slot) = matrix(raw, fmt, rows, cols, panels, &packed);
+    return packed;
   }
 
   void set_vector(int64_t layer, const std::string& name, const In& values) {
@@ -212,6 +233,7 @@ class PyEngine {
   std::unique_ptr<memory::NeuronCacheFfn> sparse_;
   std::unique_ptr<Engine> engine_;  // declared last: destroyed first, before what it reads
   std::vector<In> keep_;  // every array the engine reads stays alive with it
+  std::vector<memory::AlignedBuffer> panels_;  // matrices laid out in panels at load
 };
 
 const char* act_mode_name(ActMode a) { return a == ActMode::q8 ? "q8" : a == ActMode::q8x2 ? "q8x2" : "f32"; }
@@ -275,10 +297,13 @@ void bind_engine(nb::module_& m) {
       .def(nb::init<const ModelShape&, std::vector<LayerShape>, const EngineOptions&>(), nb::arg("shape"),
            nb::arg("layers"), nb::arg("options"))
       .def("set_embedding", &PyEngine::set_embedding)
-      .def("set_head", &PyEngine::set_head)
+      .def("set_head", &PyEngine::set_head, nb::arg("raw"), nb::arg("fmt"), nb::arg("rows"), nb::arg("cols"),
+           nb::arg("panels") = false)
       .def("set_output_norm", &PyEngine::set_output_norm)
       .def("set_head_shortlist", &PyEngine::set_head_shortlist)
-      .def("set_matrix", &PyEngine::set_matrix)
+      .def("set_matrix", &PyEngine::set_matrix, nb::arg("layer"), nb::arg("name"), nb::arg("raw"), nb::arg("fmt"),
+           nb::arg("rows"), nb::arg("cols"), nb::arg("panels") = false,
+           "Set a layer matrix; with panels, lay it out for the kernels now (returns whether it was copied).")
       .def("set_vector", &PyEngine::set_vector)
       .def("forward", &PyEngine::forward, nb::arg("tokens"), nb::arg("positions"), nb::arg("tree_mask").none(),
            nb::arg("logit_rows"), nb::arg("out"))

@@ -71,7 +71,7 @@ BufferSizes buffer_sizes(const ModelShape& shape, const std::vector<LayerShape>&
   z.kv = b * shape.n_kv_heads * shape.head_dim;
   z.ffn = b * shape.d_ff;
   z.max_cols = std::max({shape.d_model, shape.n_heads * shape.head_dim, shape.d_ff});
-  const int64_t head_rows = std::min(shape.vocab, options.head_chunk);
+  const int64_t head_rows = std::min(shape.vocab, std::max(options.head_chunk, kPanelRows));  // panels: >= 16
   const int64_t max_rows = std::max(z.max_cols, head_rows);
   z.act2 = 2 * b * z.max_cols;  // q8x2: activations and their residuals
   z.out2 = 2 * b * max_rows;
@@ -344,11 +344,19 @@ void Engine::set_head_shortlist(const WeightMatrix& rows, std::vector<int32_t> i
   head_source_ = nullptr;
 }
 
+int64_t Engine::head_step() const {  // a panel-layout head is cut on panel boundaries
+  return head_.layout == Layout::panels ? std::max(kPanelRows, options_.head_chunk / kPanelRows * kPanelRows)
+                                        : options_.head_chunk;
+}
+
+WeightMatrix Engine::head_rows(int64_t r0, int64_t rows) const {
+  const size_t rb = row_bytes(head_.fmt, head_.cols);
+  const size_t bytes = head_.layout == Layout::panels ? panel_bytes(head_.fmt, rows, head_.cols) : rows * rb;
+  return WeightMatrix{head_.data + r0 * rb, bytes, head_.fmt, rows, head_.cols, 0, head_.layout};
+}
+
 void Engine::compute_logits(int64_t m, float* logits) {
-  auto rows_of = [&](int64_t r0, int64_t rows) {  // rows of the resident (or shortlist) head
-    const size_t rb = row_bytes(head_.fmt, head_.cols);
-    return WeightMatrix{head_.data + r0 * rb, static_cast<size_t>(rows) * rb, head_.fmt, rows, head_.cols, 0};
-  };
+  auto rows_of = [&](int64_t r0, int64_t rows) { return head_rows(r0, rows); };
   bool ready = false;
   if (!head_ids_.empty()) {
     const int64_t k = static_cast<int64_t>(head_ids_.size());
@@ -363,8 +371,8 @@ void Engine::compute_logits(int64_t m, float* logits) {
     return;
   }
   if (!head_source_) {  // resident head, in row chunks so temporaries stay small
-    for (int64_t r0 = 0; r0 < head_.rows; r0 += options_.head_chunk) {
-      const int64_t rows = std::min(options_.head_chunk, head_.rows - r0);
+    for (int64_t r0 = 0; r0 < head_.rows; r0 += head_step()) {
+      const int64_t rows = std::min(head_step(), head_.rows - r0);
       float* out = m == 1 ? logits + r0 : head_part_.data();
       linear(rows_of(r0, rows), sel_.data(), xq_, ready, m, out);
       ready = true;
@@ -424,12 +432,8 @@ void Engine::compute_argmax(int64_t m, int32_t* out) {
       head_source_->release_chunk(c);
     }
   } else {
-    const size_t rb = row_bytes(head_.fmt, head_.cols);
-    for (int64_t r0 = 0; r0 < head_.rows; r0 += options_.head_chunk) {
-      const int64_t rows = std::min(options_.head_chunk, head_.rows - r0);
-      fold(WeightMatrix{head_.data + r0 * rb, static_cast<size_t>(rows) * rb, head_.fmt, rows, head_.cols, 0}, r0,
-           nullptr);
-    }
+    for (int64_t r0 = 0; r0 < head_.rows; r0 += head_step())
+      fold(head_rows(r0, std::min(head_step(), head_.rows - r0)), r0, nullptr);
   }
 }
 

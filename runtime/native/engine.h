@@ -136,6 +136,8 @@ class Engine {
   void linear(const WeightMatrix& w, const float* x, QuantizedActs& xq, bool xq_ready, int64_t n, float* y);
   void build_attention_mask(int64_t layer, int64_t n, const uint8_t* tree_mask);
   void compute_logits(int64_t m, float* logits);
+  int64_t head_step() const;                              // head rows per chunk
+  WeightMatrix head_rows(int64_t r0, int64_t rows) const;  // rows [r0, r0 + rows) of the resident head
   void compute_argmax(int64_t m, int32_t* out);
 
   ModelShape shape_;
