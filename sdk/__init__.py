@@ -4,9 +4,10 @@
     m = ef.load("default")                   # the default chat model from its PyPI package
     print(m.generate("Hello", max_tokens=32).text)
 
-Importing edgeflash is cheap: `load`, `export` and the rest are imported on first use, so that
-`import edgeflash.runtime` on a device never loads the API, CLI or server (every subpackage
-import runs this file first). `load` imports what a run needs before it measures memory.
+Importing edgeflash loads the runtime's code (numpy and the compiled kernels, never torch), so
+that what `load(..., memory_budget=...)` allocates afterwards is the model's alone. The public API,
+CLI, server and exporter are imported on first use: every subpackage import runs this file
+first, and `import edgeflash.runtime` on a device must not load them.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
+import edgeflash.runtime.loader  # noqa: F401  (what a load needs, before any budget is measured)
 from edgeflash.base import __version__
 from edgeflash.base.errors import UserError
 

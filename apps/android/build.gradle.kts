@@ -1,5 +1,6 @@
+// Versions: pluginManagement in settings.gradle.kts, from gradle.properties.
 plugins {
-    id("com.android.application") version "8.7.3" apply false
-    id("org.jetbrains.kotlin.android") version "2.0.21" apply false
-    id("org.jetbrains.kotlin.jvm") version "2.0.21" apply false
+    id("com.android.application") apply false
+    id("org.jetbrains.kotlin.android") apply false
+    id("org.jetbrains.kotlin.jvm") apply false
 }

@@ -15,11 +15,12 @@ import argparse
 import json
 import sys
 
-import executorch_gemma3 as g3
 import torch
+from torch import nn
+
+import executorch_gemma3 as g3
 from hf_models import load_hf
 from models import get_model
-from torch import nn
 from workloads import perplexity_windows
 
 ABLATIONS = ["full_fix", "silu_mlp", "no_post_norms", "one_rope_base", "no_embedding_scale", "norm_scale_w"]
@@ -45,6 +46,7 @@ def build_executorch_eager(model_dir, n_tokens: int) -> nn.Module:
 
 def ablate(m: nn.Module, which: str, embed_scale: float) -> None:
     import torch.nn.functional as F
+
     from executorch.examples.models.llama.norm import RMSNorm
 
     if which == "silu_mlp":

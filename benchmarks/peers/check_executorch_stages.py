@@ -20,6 +20,7 @@ import math
 import sys
 
 import torch
+
 from export_executorch import export_command
 from hf_models import load_hf
 from models import get_model

@@ -30,6 +30,7 @@ from typing import Any
 import workloads
 from models import BenchModel, get_model
 
+
 # Every runner generates two tokens from this before timing anything (loads lazy state, spins
 # up thread pools) so that the first timed repeat is not a cold start.
 WARMUP_TEXT = "The quick brown fox"

@@ -33,8 +33,9 @@ def load_hf(model: BenchModel):
 
 def load_tokenizer(model: BenchModel):
     """The tokenizer alone, from the cached copy when there is one (reading the GGUF's is slower)."""
-    from models import load_hf_tokenizer
     from transformers import AutoTokenizer
+
+    from models import load_hf_tokenizer
 
     cache = hf_dir(model)
     return AutoTokenizer.from_pretrained(cache) if (cache / "tokenizer.json").exists() else load_hf_tokenizer(model)

@@ -16,8 +16,9 @@ import math
 import sys
 import time
 
-import harness
 import numpy as np
+
+import harness
 from workloads import perplexity_windows
 
 

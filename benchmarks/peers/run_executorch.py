@@ -18,8 +18,9 @@ import json
 import math
 import time
 
-import harness
 import numpy as np
+
+import harness
 from workloads import perplexity_windows
 
 # export_executorch.py exports with max_seq_length=512: `forward` accepts 1..511 tokens per call.
@@ -99,6 +100,7 @@ def greedy_with_forward(fwd: ForwardMethod, prompt_ids: list[int], max_new: int,
 
 def run_generate(w: harness.Workload) -> dict:
     from executorch.extension.llm.runner import GenerationConfig, TextLLMRunner
+
     from hf_models import eos_ids, load_tokenizer
 
     require_export(w)

@@ -10,8 +10,9 @@ from __future__ import annotations
 import math
 import time
 
-import harness
 import numpy as np
+
+import harness
 from workloads import perplexity_windows
 
 N_CTX = 2048

@@ -30,6 +30,10 @@ NEURON_STRIDE_ALIGNMENT = 64  # each neuron bundle in an arena starts on a cache
 BLOCK_KINDS = ("embedding", "attention", "ffn", "neurons", "predictor", "globals", "head")
 LAYER_BLOCK_KINDS = ("attention", "ffn", "neurons", "predictor")
 
+def align_up(n: int, alignment: int) -> int:
+    return -(-n // alignment) * alignment
+
+
 # A bundle's blocks are the weight groups a budgeted run keeps or streams: one naming rule for both.
 block_of_tensor = group_of_tensor
 block_name = group_name

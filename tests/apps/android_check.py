@@ -14,8 +14,22 @@ import subprocess
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
-LLM = REPO / "apps" / "android" / "llm"
-KOTLIN_VERSION = "2.2.20"
+ANDROID = REPO / "apps" / "android"
+LLM = ANDROID / "llm"
+
+
+def gradle_properties() -> dict[str, str]:
+    """apps/android/gradle.properties as a dict (the versions the Gradle build uses)."""
+    props = {}
+    for line in (ANDROID / "gradle.properties").read_text(encoding="utf-8").splitlines():
+        if line.strip() and not line.lstrip().startswith("#"):
+            key, _, value = line.partition("=")
+            props[key.strip()] = value.strip()
+    return props
+
+
+# The kotlinc of the Gradle build's Kotlin plugin, so what compiles here compiles there.
+KOTLIN_VERSION = gradle_properties()["kotlinVersion"]
 CACHE = Path(os.environ.get("EDGEFLASH_CACHE", Path.home() / ".cache" / "edgeflash")) / "kotlin"
 
 

@@ -9,7 +9,10 @@ JVM, against its Python twins on the same inputs:
 - chunk scheduling fits the budget, refuses below the minimum and streams least when it must;
 - the chain (prefill pieces, decode, KV writes, rewind) makes the same calls and holds the same
   caches as export/targets/runner.py. No ExecuTorch runtime runs on a JVM, so both sides call
-  the same formula-defined chunk program (see SyntheticChunk.kt and `FormulaSession` below).
+  the same formula-defined chunk program (see SyntheticChunk.kt and `FormulaSession` below);
+- ChunkedLlm, the model object the app's chat screen holds, opens an export under a budget that
+  streams chunks and answers a two-turn chat with the same prompts, calls, reused prefix and
+  reply text as the Python runner, tokenizer and sampler.
 """
 
 from __future__ import annotations
@@ -98,6 +101,9 @@ CASES = [
     {"temperature": 0.9, "min_p": 0.1, "repetition_penalty": 1.2},
     {"temperature": 0.5, "top_k": 1},
 ]
+CHAT_TURNS = ["Hi!", "And again?"]
+CHAT_MAX_TOKENS = 5
+CHAT_BUDGET = 90 * 2**20  # streams at least one SmolLM2 chunk (asserted below)
 CHAIN_STEPS = [{"feed": list(range(100, 119))}, {"feed": [7]}, {"feed": [8, 9]}, {"rewind": 10, "feed": [5, 6, 7]},
                {"feed": list(range(200, 212))}]
 
@@ -135,6 +141,7 @@ def kotlin(exports):
         "schedules": [{"manifest": str(smol_manifest), "budgets": budgets, "tokenizer_bytes": 3 * 2**20},
                       {"manifest": str(exports.gemma / "manifest.json"), "budgets": budgets, "tokenizer_bytes": 0}],
         "chain": {"manifest": str(smol_manifest), "budget": 10**10, "steps": CHAIN_STEPS},
+        "chat": {"dir": str(exports.smol), "budget": CHAT_BUDGET, "turns": CHAT_TURNS, "max_tokens": CHAT_MAX_TOKENS},
         "selfcheck": True,
     }
     result = run_check(request, exports.root)
@@ -254,6 +261,75 @@ def test_chain_matches_the_python_runner(exports, kotlin):
             kc = np.fromfile(next(caches), dtype="<f4").reshape(want.shape)
             np.testing.assert_allclose(kc[:, :runner.pos], want[:, :runner.pos], rtol=1e-5, atol=1e-4,
                                        err_msg=f"{kind} cache of layer {layer}")
+
+
+def python_chat(runner, tok, turns: list[str], max_tokens: int) -> list[dict]:
+    """What Generator.kt does for each turn, with the Python runner, chat renderer and sampler."""
+    from edgeflash.runtime.sampler import Sampler, SamplingParams
+    from edgeflash.runtime.tokenizer.chat import _render_chatml
+
+    greedy = Sampler(SamplingParams(temperature=0.0))
+    cache_len = runner.manifest["cache"]["length"]
+    messages: list[dict] = []
+    fed: list[int] = []  # the ids whose entries the cache holds
+    replies = []
+    for text in turns:
+        messages.append({"role": "user", "content": text})
+        prompt = tok.encode(_render_chatml(messages, True))
+        keep = 0
+        while keep < min(len(fed), len(prompt) - 1) and fed[keep] == prompt[keep]:
+            keep += 1
+        runner.pos, fed = keep, fed[:keep]
+        logits = runner.feed(prompt[keep:])
+        fed += prompt[keep:]
+        history, out, reason = list(prompt), [], "length"
+        while True:
+            token = greedy(logits, history)
+            out.append(token)
+            history.append(token)
+            if token in tok.eos_ids:
+                reason = "stop"
+                break
+            if len(out) >= max_tokens:
+                break
+            if runner.pos >= cache_len:
+                reason = "context"
+                break
+            logits = runner.feed([token])
+            fed.append(token)
+        reply = tok.decode([t for t in out if t not in tok.eos_ids])
+        messages.append({"role": "assistant", "content": reply.strip()})
+        replies.append({"text": reply, "prompt_tokens": len(prompt), "reused": keep, "generated": len(out), "stop": reason})
+    return replies
+
+
+def test_chunked_llm_chat_matches_the_python_runner(exports, kotlin):
+    from edgeflash.export.targets.runner import TargetRunner
+
+    got = kotlin.result["chat"]
+    # The app's refusals: an export for another runtime, and a budget below the minimum.
+    wrong_target, too_small = got["refused"]
+    assert "target is executorch; this app runs coreml exports" in wrong_target
+    assert too_small is not None and "too small" in too_small
+    # The budget streams chunks: each pass loads every streamed chunk again.
+    assert got["streamed"], got
+    assert got["loads"] == len(got["resident"]) + len(got["streamed"]) * got["passes"]
+
+    trace: list = []
+
+    class Runner(TargetRunner):
+        def _session(self, i):
+            return FormulaSession(self, self.chunks[i], trace)
+
+    want = python_chat(Runner(exports.smol, resident=False), exports.smol_tok, CHAT_TURNS, CHAT_MAX_TOKENS)
+    assert len(got["turns"]) == len(want) == 2
+    for kt, py in zip(got["turns"], want):
+        assert "".join(kt["pieces"]) == py["text"]
+        assert (kt["prompt_tokens"], kt["reused"], kt["generated"], kt["stop"]) == \
+               (py["prompt_tokens"], py["reused"], py["generated"], py["stop"])
+    assert want[1]["reused"] > 0  # the second turn reuses the first turn's cache
+    assert got["trace"] == trace
+    assert got["passes"] == sum(1 for t in trace if t[0] == 0)  # every pass starts at chunk 0
 
 
 def test_kotlin_self_checks(kotlin):

@@ -1,8 +1,9 @@
 """Consistency of the iOS sample's Swift sources (apps/ios) with what the exporter writes.
 
-No Swift toolchain exists here, so nothing is compiled or run: these checks read the Swift text
-and compare the names it relies on with a Core ML export's manifest.json and tokenizer.json as
-the exporter's own code writes them (SmolLM2 with kv=io, Gemma 3 with kv=state).
+No Swift compiler exists here, so nothing is compiled or run. These checks parse every Swift file
+with tree-sitter's Swift grammar (syntax only, see swift_syntax.py), and read the Swift text to
+compare the names it relies on with a Core ML export's manifest.json and tokenizer.json as the
+exporter's own code writes them (SmolLM2 with kv=io, Gemma 3 with kv=state).
 """
 
 from __future__ import annotations
@@ -110,3 +111,49 @@ def test_tokenizer_keys_and_steps_exist_in_the_exported_tokenizers(exports):
         for field in ("normalizer", "pre_tokenizer", "decoder"):
             used = set(re.findall(r"'type': '(\w+)'", repr(tok[field])))
             assert used <= supported, f"{folder.name} {field} uses {used - supported}, which Steps.swift lacks"
+
+
+SWIFT_SOURCES = sorted(IOS.rglob("*.swift"))
+
+
+@pytest.fixture(scope="module")
+def swift_parser():
+    from swift_syntax import parser
+
+    return parser()
+
+
+@pytest.mark.parametrize("source", SWIFT_SOURCES, ids=lambda p: str(p.relative_to(IOS)))
+def test_swift_source_parses(swift_parser, source):
+    """Syntax only (tree-sitter's Swift grammar): no Swift compiler exists here, see apps/ios/README.md."""
+    from swift_syntax import syntax_errors
+
+    assert syntax_errors(swift_parser, source.read_bytes()) == []
+
+
+def test_swift_syntax_check_finds_errors(swift_parser):
+    """The check above can fail: the same sources with one closing brace or parenthesis lost do not parse."""
+    from swift_syntax import syntax_errors
+
+    assert len(SWIFT_SOURCES) >= 14  # the package manifest and every source of both targets
+    for source in SWIFT_SOURCES[:6]:
+        text = source.read_text(encoding="utf-8")
+        for closer in ("}", ")"):
+            cut = text.rfind(closer, 0, len(text) // 2) if closer == ")" else text.rfind(closer)
+            if cut < 0:
+                continue
+            broken = (text[:cut] + text[cut + 1:]).encode()
+            assert syntax_errors(swift_parser, broken), f"{source.name} without the {closer} at {cut} still parses"
+
+
+def test_package_targets_the_os_the_exporter_writes_for():
+    """Package.swift's iOS version is the Core ML exporter's deployment target, and its tools
+    version knows that platform version (PackageDescription 6.0 brought .iOS(.v18), .macOS(.v15))."""
+    exporter = (IOS.parents[1] / "export" / "targets" / "coreml.py").read_text(encoding="utf-8")
+    targets = set(re.findall(r"minimum_deployment_target=ct\.target\.iOS(\d+)", exporter))
+    assert len(targets) == 1, targets
+    ios = int(targets.pop())
+    package = (IOS / "Package.swift").read_text(encoding="utf-8")
+    assert f".iOS(.v{ios})" in package and f".macOS(.v{ios - 3})" in package
+    tools = re.match(r"// swift-tools-version:\s*(\d+)\.(\d+)", package)
+    assert tools and (int(tools[1]), int(tools[2])) >= ((6, 0) if ios >= 18 else (5, 9)), tools

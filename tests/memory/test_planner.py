@@ -6,7 +6,6 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-
 from edgeflash.memory.layout import ALIGN, Location, build_layout, group_of_tensor
 from edgeflash.memory.planner import STRATEGIES, BudgetError, make_plan
 

@@ -105,7 +105,7 @@ def test_head_chunk_changes_buffers_not_logits(tiny_sources):
     full = NativeEngine(source, max_batch=8, context_length=64)
     small = NativeEngine(source, max_batch=8, context_length=64, head_chunk=1000)
     assert np.array_equal(full.forward(prompt, all_logits=True), small.forward(prompt, all_logits=True))
-    assert small._engine.memory()["activations"] < full._engine.memory()["activations"]
+    assert small._engine.memory().activations < full._engine.memory().activations
     with pytest.raises(UserError, match="head_chunk"):
         NativeEngine(source, head_chunk=0)
 

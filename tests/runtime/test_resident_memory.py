@@ -17,6 +17,7 @@ REAL_MODELS = ("gemma3-270m", "smollm2-135m")  # (conftest modules share one nam
 MEASURE = r"""
 import gc, json, sys
 import edgeflash
+import edgeflash.api
 from edgeflash.base.heap import release_free_heap
 from edgeflash.base.rss import current_rss_bytes, peak_rss_bytes, reset_peak_rss
 from edgeflash.base.models import resolve_model

@@ -8,6 +8,7 @@ import android.widget.ScrollView
 import android.widget.TextView
 import androidx.appcompat.app.AppCompatActivity
 import org.edgeflash.llm.ChunkSchedule
+import org.edgeflash.llm.ChunkedLlm
 import org.edgeflash.llm.Message
 import org.edgeflash.llm.SamplingParams
 import java.io.File
@@ -62,7 +63,7 @@ class MainActivity : AppCompatActivity() {
         val threads = Runtime.getRuntime().availableProcessors().coerceIn(1, 4)
         worker.execute {
             val text = try {
-                val model = ChunkedLlm.open(dir, budget, threads)
+                val model = ChunkedLlm.open(dir, "executorch", budget) { chunk -> ExecuTorchChunk(dir, chunk, threads) }
                 llm = model
                 val s = model.schedule
                 "${model.manifest.modelName}: ${model.manifest.chunks.size} chunks, ${s.resident.size} resident, " +

@@ -3,6 +3,7 @@ package org.edgeflash.llm.check
 import org.edgeflash.llm.ChatFormat
 import org.edgeflash.llm.ChunkChain
 import org.edgeflash.llm.ChunkSchedule
+import org.edgeflash.llm.ChunkedLlm
 import org.edgeflash.llm.Json
 import org.edgeflash.llm.Manifest
 import org.edgeflash.llm.Message
@@ -32,6 +33,7 @@ fun main(args: Array<String>) {
     (request["sampling"] as? Map<*, *>)?.let { result["sampling"] = sampling(it, out) }
     (request["schedules"] as? List<*>)?.let { list -> result["schedules"] = list.map { schedules(it as Map<*, *>) } }
     (request["chain"] as? Map<*, *>)?.let { result["chain"] = chain(it, out) }
+    (request["chat"] as? Map<*, *>)?.let { result["chat"] = chat(it) }
     (request["selfcheck"] as? Boolean)?.let { if (it) result["selfcheck"] = SelfCheck.run() }
     println(toJson(result))
 }
@@ -154,6 +156,36 @@ private fun chain(req: Map<*, *>, out: File): Any {
     chain.close()
     return mapOf("trace" to trace, "logits" to logits, "caches" to caches, "pos" to chain.pos, "opened" to opened,
         "resident" to schedule.resident, "streamed" to schedule.streamed)
+}
+
+/** A conversation through ChunkedLlm, as the app holds one, with the formula chunks in place of ExecuTorch. */
+private fun chat(req: Map<*, *>): Any {
+    val dir = File(req["dir"] as String)
+    val m = Manifest.read(dir)
+    val budget = (req["budget"] as Number).toLong()
+    val trace = ArrayList<List<Any>>()
+    val refused = listOf("coreml" to budget, "executorch" to 1L).map { (target, b) ->
+        try {
+            ChunkedLlm.open(dir, target, b) { c -> SyntheticChunk(m, c, trace) }.close()
+            null
+        } catch (e: IllegalArgumentException) {
+            e.message
+        }
+    }
+    val llm = ChunkedLlm.open(dir, "executorch", budget) { c -> SyntheticChunk(m, c, trace) }
+    val messages = ArrayList<Message>()
+    val turns = (req["turns"] as List<*>).map { turn ->
+        messages.add(Message("user", turn as String))
+        val pieces = ArrayList<String>()
+        val stats = llm.chat(messages, (req["max_tokens"] as Number).toInt(), SamplingParams(temperature = 0.0)) { pieces.add(it) }
+        messages.add(Message("assistant", pieces.joinToString("").trim()))
+        mapOf("pieces" to pieces, "prompt_tokens" to stats.promptTokens, "reused" to stats.reusedTokens,
+            "generated" to stats.generatedTokens, "stop" to stats.stopReason)
+    }
+    val s = llm.schedule
+    val counts = mapOf("loads" to llm.loads, "passes" to llm.passes, "resident" to s.resident, "streamed" to s.streamed)
+    llm.close()
+    return mapOf("turns" to turns, "trace" to trace, "refused" to refused) + counts
 }
 
 internal fun toJson(v: Any?): String = when (v) {

@@ -1,22 +1,14 @@
-package org.edgeflash.chat
+package org.edgeflash.llm
 
-import org.edgeflash.llm.ChatFormat
-import org.edgeflash.llm.ChunkChain
-import org.edgeflash.llm.ChunkSchedule
-import org.edgeflash.llm.GenerationStats
-import org.edgeflash.llm.Generator
-import org.edgeflash.llm.Manifest
-import org.edgeflash.llm.Message
-import org.edgeflash.llm.Sampler
-import org.edgeflash.llm.SamplingParams
 import org.edgeflash.llm.tokenizer.Tokenizer
 import java.io.File
 
 /**
- * A chunked ExecuTorch export (`edgeflash export ... --target executorch --chunks N`) as one
- * chat model: reads manifest.json and tokenizer.json, plans which chunks stay loaded within
- * `budgetBytes` (the rest are loaded for each pass and released after it; that needs an export
- * with --kv io), and chains the chunks' `Module`s for prefill and decode.
+ * A chunked export (`edgeflash export ... --chunks N`) as one chat model: reads manifest.json and
+ * tokenizer.json, plans which chunks stay loaded within `budgetBytes` (the rest are loaded for
+ * each pass and released after it; that needs an export with --kv io), and chains the chunk
+ * programs `opener` opens. The app passes one that opens an ExecuTorch `Module`; everything else
+ * lives here, in plain Kotlin, so it is compiled and run on a JVM without an Android SDK.
  */
 class ChunkedLlm private constructor(
     val dir: File,
@@ -42,15 +34,15 @@ class ChunkedLlm private constructor(
     override fun close() = chain.close()
 
     companion object {
-        fun open(dir: File, budgetBytes: Long, threads: Int): ChunkedLlm {
+        /** Open the export in `dir`, whose manifest must name `target` ("executorch" in the app). */
+        fun open(dir: File, target: String, budgetBytes: Long, opener: ChunkOpener): ChunkedLlm {
             val manifest = Manifest.read(dir)
-            require(manifest.target == "executorch") { "${dir}: target is ${manifest.target}; this app runs ExecuTorch exports" }
+            require(manifest.target == target) { "$dir: target is ${manifest.target}; this app runs $target exports" }
             val tokFile = File(dir, manifest.tokenizerFile)
             val tokenizer = Tokenizer.fromFile(tokFile)
             // The tokenizer's tables take about twice its JSON size once built.
             val schedule = ChunkSchedule.plan(manifest, budgetBytes, 2 * tokFile.length())
-            val chain = ChunkChain(manifest, { chunk -> ExecuTorchChunk(dir, chunk, threads) }, schedule)
-            return ChunkedLlm(dir, manifest, tokenizer, chain)
+            return ChunkedLlm(dir, manifest, tokenizer, ChunkChain(manifest, opener, schedule))
         }
     }
 }
