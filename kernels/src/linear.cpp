@@ -79,6 +79,41 @@ void run_gemm_q8(const RowsView& v, Layout layout, int64_t rows, size_t rb, Form
   });
 }
 
+constexpr int kMaxMulti = 8;
+
+void run_gemm_q8_multi(const WeightMatrix* ws, float* const* ys, int count, const QuantizedActs& xq) {
+  const Q8View xv = q8_view(xq);
+  const int64_t n = xq.n();
+  // Tasks of about equal bytes over all the matrices: the first tasks are the first matrix's rows.
+  size_t total = 0;
+  for (int i = 0; i < count; ++i) total += static_cast<size_t>(ws[i].rows) * row_bytes(ws[i].fmt, ws[i].cols);
+  const int64_t threads = get_num_threads();
+  GemmQ8Fn fn[kMaxMulti];
+  RowsView view[kMaxMulti];
+  int64_t chunk[kMaxMulti], first_task[kMaxMulti + 1];
+  first_task[0] = 0;
+  for (int i = 0; i < count; ++i) {
+    const size_t rb = row_bytes(ws[i].fmt, ws[i].cols);
+    fn[i] = ws[i].layout == Layout::panels ? kernels().gemm_q8_panels[int(ws[i].fmt)].fn
+                                           : kernels().gemm_q8[int(ws[i].fmt)].fn;
+    view[i] = view_of(ws[i], nullptr);
+    const int64_t rows = ws[i].rows;
+    int64_t c = rows_per_task(rows, n, rb);
+    if (n <= 8 && threads > 1) {  // GEMV: chunks of about total / (4 threads) bytes, whole panels
+      const size_t target = std::max<size_t>(total / static_cast<size_t>(4 * threads), 16 * rb);
+      c = std::min<int64_t>(rows, static_cast<int64_t>(target / rb) / 16 * 16);
+    }
+    chunk[i] = std::max<int64_t>(1, c);
+    first_task[i + 1] = first_task[i] + (rows + chunk[i] - 1) / chunk[i];
+  }
+  ThreadPool::global().run(first_task[count], [&](int64_t task, int) {
+    int i = 0;
+    while (task >= first_task[i + 1]) ++i;
+    const int64_t rows = ws[i].rows, r0 = (task - first_task[i]) * chunk[i], r1 = std::min(rows, r0 + chunk[i]);
+    fn[i](view[i], r0, r1, xv, 0, n, ys[i] + r0, rows);
+  });
+}
+
 void run_gemm_f32(const RowsView& v, int64_t rows, size_t rb, Format fmt, const float* x, int64_t n, float* y) {
   const GemmF32Fn fn = kernels().gemm_f32[int(fmt)].fn;
   const int64_t chunk = rows_per_task(rows, n, rb);
@@ -195,6 +230,23 @@ void matmul(const WeightMatrix& w, const QuantizedActs& xq, float* y) {
     throw KernelError("matmul: quantized activations have " + std::to_string(xq.cols()) + " columns, weights have " +
                       std::to_string(w.cols));
   run_gemm_q8(view_of(w, nullptr), w.layout, w.rows, row_bytes(w.fmt, w.cols), w.fmt, xq, y);
+}
+
+void matmul_multi(const WeightMatrix* ws, float* const* ys, int count, const QuantizedActs& xq) {
+  if (count < 1 || count > kMaxMulti)
+    throw KernelError("matmul_multi: 1.." + std::to_string(kMaxMulti) + " matrices, got " + std::to_string(count));
+  if (!ws || !ys) throw KernelError("matmul_multi: matrix or output list is null");
+  for (int i = 0; i < count; ++i) {
+    check_weights(ws[i], "matmul_multi");
+    if (!ys[i]) throw KernelError("matmul_multi: output buffer is null");
+    if (!format_info(ws[i].fmt).quantized)
+      throw KernelError(std::string("matmul_multi: Q8 activations need quantized weights, got ") +
+                        format_info(ws[i].fmt).name);
+    if (xq.n() <= 0 || xq.cols() != ws[i].cols)
+      throw KernelError("matmul_multi: quantized activations have " + std::to_string(xq.cols()) +
+                        " columns, matrix " + std::to_string(i) + " has " + std::to_string(ws[i].cols));
+  }
+  run_gemm_q8_multi(ws, ys, count, xq);
 }
 
 void matmul_rows(const WeightMatrix& w, const int32_t* rows, int64_t n_rows, const float* x, int64_t n, float* y,

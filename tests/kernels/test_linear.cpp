@@ -148,6 +148,39 @@ void test_linear() {
     note_impl("gemm_q8_panels_" + fmt);
   }
 
+  // Several matrices in one pass (q, k, v; gate, up): each output equals its own matmul exactly,
+  // in either layout and any mix of formats.
+  {
+    const int64_t cols = 512;
+    const std::pair<Format, int64_t> parts[] = {{Format::q4_k, 48}, {Format::q8_0, 16}, {Format::q6_k, 7},
+                                                {Format::q5_0, 33}};
+    std::vector<std::vector<uint8_t>> bufs;
+    std::vector<ef::WeightMatrix> ws;
+    for (const auto& [f, rows] : parts) {
+      bufs.push_back(random_weights(f, rows, cols));
+      ws.push_back(ef::WeightMatrix{bufs.back().data(), bufs.back().size(), f, rows, cols, 0});
+    }
+    std::vector<uint8_t> pb(ef::panel_bytes(Format::q4_k, 48, cols));
+    ef::pack_panels(ws[0], pb.data(), pb.size());
+    ws.push_back(ef::WeightMatrix{pb.data(), pb.size(), Format::q4_k, 48, cols, 0, ef::Layout::panels});
+    for (int64_t n : {1, 2, 9}) {
+      const auto x = randn(n * cols);
+      ef::QuantizedActs xq;
+      xq.quantize(x.data(), n, cols);
+      std::vector<std::vector<float>> ys;
+      std::vector<float*> yp;
+      for (const auto& w : ws) ys.emplace_back(n * w.rows);
+      for (auto& y : ys) yp.push_back(y.data());
+      ef::matmul_multi(ws.data(), yp.data(), static_cast<int>(ws.size()), xq);
+      for (size_t i = 0; i < ws.size(); ++i) {
+        std::vector<float> one(n * ws[i].rows);
+        ef::matmul(ws[i], xq, one.data());
+        expect(one == ys[i], "matmul_multi output " + std::to_string(i) + " n=" + std::to_string(n) +
+                                 " differs from its own matmul");
+      }
+    }
+  }
+
   // Q8 activation codes and scales are bit-identical at every level (same rounding rules).
   {
     const int64_t n = 5, cols = 640;

@@ -82,6 +82,10 @@ enum class ActPrecision { q8, f32 };
 // y[t, r] = sum_c W[r, c] * x[t, c]   x: [n, cols] f32, y: [n, rows] f32, any n >= 1.
 void matmul(const WeightMatrix& w, const float* x, int64_t n, float* y, ActPrecision prec = ActPrecision::q8);
 void matmul(const WeightMatrix& w, const QuantizedActs& xq, float* y);
+// Several quantized matrices with the same columns against the same activations, in one pass of
+// the thread pool (q, k and v of a layer; gate and up): ys[i] = [n, ws[i].rows]. One hand-off to
+// the workers instead of one per matrix, and the work split over all their rows at once.
+void matmul_multi(const WeightMatrix* ws, float* const* ys, int count, const QuantizedActs& xq);
 // Only the listed rows: y[t, i] = W[rows[i]] . x[t]   y: [n, n_rows] (e.g. a shortlist of the LM head).
 void matmul_rows(const WeightMatrix& w, const int32_t* rows, int64_t n_rows, const float* x, int64_t n, float* y,
                  ActPrecision prec = ActPrecision::q8);
