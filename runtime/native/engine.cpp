@@ -72,7 +72,8 @@ BufferSizes buffer_sizes(const ModelShape& shape, const std::vector<LayerShape>&
   z.ffn = b * shape.d_ff;
   z.max_cols = std::max({shape.d_model, shape.n_heads * shape.head_dim, shape.d_ff});
   const int64_t head_rows = std::min(shape.vocab, std::max(options.head_chunk, kPanelRows));  // panels: >= 16
-  const int64_t max_rows = std::max(z.max_cols, head_rows);
+  const int64_t qkv_rows = shape.n_heads * shape.head_dim + 2 * shape.n_kv_heads * shape.head_dim;
+  const int64_t max_rows = std::max({z.max_cols, head_rows, qkv_rows, 2 * shape.d_ff});  // q8x2: one pass
   z.act2 = 2 * b * z.max_cols;  // q8x2: activations and their residuals
   z.out2 = 2 * b * max_rows;
   z.head_part = b * head_rows;
@@ -121,6 +122,7 @@ Engine::Engine(const ModelShape& shape, std::vector<LayerShape> layers, const En
   slots_.resize(options_.max_batch);
   act2_.assign(z.act2, 0.0f);
   out2_.resize(z.out2);
+  out2_capacity_ = z.out2;
   head_part_.resize(z.head_part);
   mask_.reserve(z.mask);
   xq_.quantize(act2_.data(), 2 * options_.max_batch, z.max_cols);  // sizes the quantized-activation buffers
@@ -129,17 +131,32 @@ Engine::Engine(const ModelShape& shape, std::vector<LayerShape> layers, const En
 EngineMemory Engine::memory() const { return plan_memory(shape_, layer_shapes_, options_); }
 
 void Engine::linear(const WeightMatrix& w, const float* x, QuantizedActs& xq, bool xq_ready, int64_t n, float* y) {
-  if (!quantized(w) || options_.act_mode == ActMode::f32) {
-    matmul(w, x, n, y, ActPrecision::f32);
+  linear_multi(&w, &y, 1, x, xq, xq_ready, n);
+}
+
+void Engine::linear_multi(const WeightMatrix* ws, float* const* ys, int count, const float* x, QuantizedActs& xq,
+                          bool xq_ready, int64_t n) {
+  bool all_quantized = true;
+  for (int i = 0; i < count; ++i) all_quantized &= quantized(ws[i]);
+  if (options_.act_mode == ActMode::f32) {
+    for (int i = 0; i < count; ++i) matmul(ws[i], x, n, ys[i], ActPrecision::f32);
     return;
   }
+  if (!all_quantized && count > 1) {  // float matrices among them: one at a time
+    for (int i = 0; i < count; ++i) linear_multi(ws + i, ys + i, 1, x, xq, false, n);
+    return;
+  }
+  if (!all_quantized) {
+    matmul(ws[0], x, n, ys[0], ActPrecision::f32);
+    return;
+  }
+  const int64_t cols = ws[0].cols;
   if (options_.act_mode == ActMode::q8) {
-    if (!xq_ready || xq.cols() != w.cols || xq.n() != n) xq.quantize(x, n, w.cols);
-    matmul(w, xq, y);
+    if (!xq_ready || xq.cols() != cols || xq.n() != n) xq.quantize(x, n, cols);
+    matmul_multi(ws, ys, count, xq);
     return;
   }
   // q8x2: rows [0, n) are x, rows [n, 2n) the residual x - dequant(Q8(x)); one GEMM over both.
-  const int64_t cols = w.cols;
   if (!xq_ready || xq.cols() != cols || xq.n() != 2 * n) {
     act2_.resize(static_cast<size_t>(2 * n * cols));
     std::memcpy(act2_.data(), x, static_cast<size_t>(n * cols) * sizeof(float));
@@ -150,11 +167,17 @@ void Engine::linear(const WeightMatrix& w, const float* x, QuantizedActs& xq, bo
     for (int64_t i = 0; i < n * cols; ++i) r[i] = x[i] - d[i / 32] * static_cast<float>(q[i]);
     xq.quantize(act2_.data(), 2 * n, cols);
   }
-  out2_.resize(static_cast<size_t>(2 * n * w.rows));
-  matmul(w, xq, out2_.data());
-  const float* lo = out2_.data();
-  const float* hi = out2_.data() + n * w.rows;
-  for (int64_t i = 0; i < n * w.rows; ++i) y[i] = lo[i] + hi[i];
+  int64_t total = 0;
+  for (int i = 0; i < count; ++i) total += ws[i].rows;
+  out2_.resize(static_cast<size_t>(2 * n * total));
+  float* outs[8];
+  for (int i = 0, at = 0; i < count; at += static_cast<int>(2 * n * ws[i].rows), ++i) outs[i] = out2_.data() + at;
+  matmul_multi(ws, outs, count, xq);
+  for (int i = 0; i < count; ++i) {
+    const float* lo = outs[i];
+    const float* hi = outs[i] + n * ws[i].rows;
+    for (int64_t j = 0; j < n * ws[i].rows; ++j) ys[i][j] = lo[j] + hi[j];
+  }
 }
 
 void Engine::build_attention_mask(int64_t layer, int64_t n, const uint8_t* tree_mask) {
@@ -194,9 +217,9 @@ void Engine::run_block(int64_t layer, const LayerWeights& w, int64_t n, const in
   rms_norm(x, w.attn_norm, h, n, d, s.norm_eps);
   {
     OpTimer timer(prof(), Op::gemv_qkv);
-    linear(w.q, h, xq_, false, n, q_.data());
-    linear(w.k, h, xq_, true, n, k_.data());
-    linear(w.v, h, xq_, true, n, v_.data());
+    const WeightMatrix qkv[3] = {w.q, w.k, w.v};
+    float* const out[3] = {q_.data(), k_.data(), v_.data()};
+    linear_multi(qkv, out, 3, h, xq_, false, n);
   }
   add_bias(q_.data(), w.q_bias, n, qd);
   add_bias(k_.data(), w.k_bias, n, kd);
@@ -245,8 +268,9 @@ void Engine::run_block(int64_t layer, const LayerWeights& w, int64_t n, const in
   } else {
     {
       OpTimer timer(prof(), Op::gemv_ffn_in);
-      linear(w.gate, h, xq_, false, n, gate_.data());
-      linear(w.up, h, xq_, true, n, up_.data());
+      const WeightMatrix gate_up[2] = {w.gate, w.up};
+      float* const out[2] = {gate_.data(), up_.data()};
+      linear_multi(gate_up, out, 2, h, xq_, false, n);
     }
     {
       OpTimer timer(prof(), Op::ffn_act);
@@ -371,6 +395,10 @@ void Engine::compute_logits(int64_t m, float* logits) {
     return;
   }
   if (!head_source_) {  // resident head, in row chunks so temporaries stay small
+    if (m == 1 && (options_.act_mode != ActMode::q8x2 || 2 * head_.rows <= out2_capacity_)) {
+      linear(head_, sel_.data(), xq_, false, 1, logits);  // one row of logits: one pass, no temporaries
+      return;
+    }
     for (int64_t r0 = 0; r0 < head_.rows; r0 += head_step()) {
       const int64_t rows = std::min(head_step(), head_.rows - r0);
       float* out = m == 1 ? logits + r0 : head_part_.data();

@@ -134,6 +134,9 @@ class Engine {
                  const int32_t* slots_of_layer, const uint8_t* attn_mask);
   void check_layer(int64_t layer, const LayerWeights& w) const;
   void linear(const WeightMatrix& w, const float* x, QuantizedActs& xq, bool xq_ready, int64_t n, float* y);
+  // Matrices reading the same input in one pass (q, k, v; gate, up): ys[i] = ws[i] x.
+  void linear_multi(const WeightMatrix* ws, float* const* ys, int count, const float* x, QuantizedActs& xq,
+                    bool xq_ready, int64_t n);
   void build_attention_mask(int64_t layer, int64_t n, const uint8_t* tree_mask);
   void compute_logits(int64_t m, float* logits);
   int64_t head_step() const;                              // head rows per chunk
@@ -160,6 +163,7 @@ class Engine {
   // Work buffers sized for max_batch tokens.
   std::vector<float> x_, h_, q_, k_, v_, attn_, gate_, up_, sel_;
   std::vector<float> act2_, out2_;  // q8x2: [activations; residuals] and the doubled GEMM output
+  int64_t out2_capacity_ = 0;       // floats out2_ was sized for (it never grows)
   std::vector<float> head_part_;    // logits of one head chunk for several rows
   std::vector<int32_t> slots_;
   std::vector<uint8_t> mask_;
