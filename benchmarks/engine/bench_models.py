@@ -17,8 +17,10 @@ BENCH_OUT = REPO / "bench-out"
 MODELS = ("gemma3-270m", "smollm2-135m", "qwen2.5-coder-0.5b", "qwen2.5-coder-1.5b")
 # Where the Qwen2.5-Coder aliases assemble their GGUF files (used while an alias is not known here).
 _CACHE = Path.home() / ".cache" / "edgeflash" / "models"
-_CACHED_FILES = {"qwen2.5-coder-0.5b": "qwen2.5-coder-0.5b-instruct-q4_k_m.gguf",
-                 "qwen2.5-coder-1.5b": "qwen2.5-coder-1.5b-instruct-q4_k_m.gguf"}
+_CACHED_FILES = {
+    "qwen2.5-coder-0.5b": "qwen2.5-coder-0.5b-instruct-q4_k_m.gguf",
+    "qwen2.5-coder-1.5b": "qwen2.5-coder-1.5b-instruct-q4_k_m.gguf",
+}
 
 
 def gguf_path(name: str) -> Path:
@@ -47,8 +49,18 @@ def ensure_bundle(name: str, quant: str = "q4_0", export: bool = False) -> Path 
     if not export:
         return None
     out.parent.mkdir(parents=True, exist_ok=True)
-    cmd = [str(Path(sys.executable).parent / "edgeflash"), "export", str(gguf_path(name)), "-o", str(out),
-           "--quant", quant, "--no-baseline", "--quiet", "-f"]
+    cmd = [
+        str(Path(sys.executable).parent / "edgeflash"),
+        "export",
+        str(gguf_path(name)),
+        "-o",
+        str(out),
+        "--quant",
+        quant,
+        "--no-baseline",
+        "--quiet",
+        "-f",
+    ]
     print("$ " + " ".join(cmd), file=sys.stderr, flush=True)
     subprocess.run(cmd, check=True)
     return out

@@ -35,8 +35,15 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_models import BENCH_OUT, REPO, ensure_bundle, gguf_path
 
 # Matrix roles of a layer tensor name (after "blk.N.").
-ROLES = {"attn_q.weight": "q", "attn_k.weight": "k", "attn_v.weight": "v", "attn_output.weight": "o",
-         "ffn_gate.weight": "gate", "ffn_up.weight": "up", "ffn_down.weight": "down"}
+ROLES = {
+    "attn_q.weight": "q",
+    "attn_k.weight": "k",
+    "attn_v.weight": "v",
+    "attn_output.weight": "o",
+    "ffn_gate.weight": "gate",
+    "ffn_up.weight": "up",
+    "ffn_down.weight": "down",
+}
 GEMV_OPS = ("gemv_qkv", "gemv_o", "gemv_ffn_in", "gemv_ffn_down", "gemv_head")
 
 
@@ -129,7 +136,7 @@ def profile_model(name: str, source_kind: str, path: Path, args, bandwidth: dict
     model = ef.load(str(path), threads=args.threads, activations=args.activations, context_length=2048)
     engine = model.engine
     text = heldout_windows(1, chars_per_window=8 * args.prompt_tokens, offset_chars=50_000)[0]
-    ids = model.encode(text)[:args.prompt_tokens]
+    ids = model.encode(text)[: args.prompt_tokens]
     engine.forward(ids[:8])  # warm-up: pages of the weights, scratch growth, thread wake-up
     engine.reset()
     prof = decode_profile(model, ids, args.tokens, args.rounds)
@@ -140,52 +147,88 @@ def profile_model(name: str, source_kind: str, path: Path, args, bandwidth: dict
     bw = bandwidth[args.threads] * 1e9
     roofline_ms = total / bw * 1e3
     gemv_bytes = weights - roles.get("vectors", 0) - roles["embedding row"]
-    result = {"model": name, "source": source_kind, "path": str(path), "threads": args.threads,
-              "activations": args.activations, "prompt_tokens": len(ids), "decode_tokens": args.tokens,
-              "rounds": args.rounds, "bytes_by_role": roles, "formats": formats_of(engine), "kv_bytes": kv,
-              "bytes_per_token": total, "bandwidth_gb_s": bandwidth, "roofline_ms": roofline_ms,
-              "times_ms": {k: v for k, v in prof.items() if k != "positions"},
-              "gemv_gb_s": gemv_bytes / (prof["gemv"] * 1e-3) / 1e9 if prof["gemv"] else None,
-              "pct_of_roofline": roofline_ms / prof["forward"],
-              "tok_s": 1e3 / prof["call"], "loadavg": os.getloadavg()[0]}
+    result = {
+        "model": name,
+        "source": source_kind,
+        "path": str(path),
+        "threads": args.threads,
+        "activations": args.activations,
+        "prompt_tokens": len(ids),
+        "decode_tokens": args.tokens,
+        "rounds": args.rounds,
+        "bytes_by_role": roles,
+        "formats": formats_of(engine),
+        "kv_bytes": kv,
+        "bytes_per_token": total,
+        "bandwidth_gb_s": bandwidth,
+        "roofline_ms": roofline_ms,
+        "times_ms": {k: v for k, v in prof.items() if k != "positions"},
+        "gemv_gb_s": gemv_bytes / (prof["gemv"] * 1e-3) / 1e9 if prof["gemv"] else None,
+        "pct_of_roofline": roofline_ms / prof["forward"],
+        "tok_s": 1e3 / prof["call"],
+        "loadavg": os.getloadavg()[0],
+    }
     del model
     return result
 
 
 def print_table(results: list[dict], threads: int) -> None:
-    print(f"\n| model | source | MB/token | roofline ms ({threads}T) | forward ms | GEMV ms (GB/s) | qkv | "
-          "attn | o | gate+up | down | head | other | % roofline | tok/s | load |")
+    print(
+        f"\n| model | source | MB/token | roofline ms ({threads}T) | forward ms | GEMV ms (GB/s) | qkv | "
+        "attn | o | gate+up | down | head | other | % roofline | tok/s | load |"
+    )
     print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     for r in results:
         t = r["times_ms"]
-        print(f"| {r['model']} | {r['source']} | {r['bytes_per_token'] / 1e6:.1f} | {r['roofline_ms']:.2f} | "
-              f"{t['forward']:.2f} | {t['gemv']:.2f} ({r['gemv_gb_s']:.1f}) | {t['gemv_qkv']:.2f} | "
-              f"{t['attention']:.2f} | {t['gemv_o']:.2f} | {t['gemv_ffn_in']:.2f} | "
-              f"{t['gemv_ffn_down']:.2f} | {t['gemv_head']:.2f} | {t['other'] + t['ffn_act']:.2f} | "
-              f"{100 * r['pct_of_roofline']:.0f}% | {r['tok_s']:.1f} | {r['loadavg']:.1f} |")
+        print(
+            f"| {r['model']} | {r['source']} | {r['bytes_per_token'] / 1e6:.1f} | {r['roofline_ms']:.2f} | "
+            f"{t['forward']:.2f} | {t['gemv']:.2f} ({r['gemv_gb_s']:.1f}) | {t['gemv_qkv']:.2f} | "
+            f"{t['attention']:.2f} | {t['gemv_o']:.2f} | {t['gemv_ffn_in']:.2f} | "
+            f"{t['gemv_ffn_down']:.2f} | {t['gemv_head']:.2f} | {t['other'] + t['ffn_act']:.2f} | "
+            f"{100 * r['pct_of_roofline']:.0f}% | {r['tok_s']:.1f} | {r['loadavg']:.1f} |"
+        )
     print("\nbytes per token by role (MB):")
     for r in results:
         roles = ", ".join(f"{k} {v / 1e6:.1f}" for k, v in r["bytes_by_role"].items())
-        print(f"  {r['model']} {r['source']}: {roles}, kv cache {r['kv_bytes'] / 1e6:.1f}; "
-              f"formats {r['formats']}")
+        print(
+            f"  {r['model']} {r['source']}: {roles}, kv cache {r['kv_bytes'] / 1e6:.1f}; "
+            f"formats {r['formats']}"
+        )
 
 
 def records(results: list[dict], bandwidth: dict[int, float], run: str, command: str) -> list[dict]:
-    out = [{"run": run, "config": f"{t} thread{'s' if t > 1 else ''}", "metric": "read_bandwidth_gb_s",
-            "value": round(bw, 2), "unit": "GB/s", "command": command} for t, bw in bandwidth.items()]
+    out = [
+        {
+            "run": run,
+            "config": f"{t} thread{'s' if t > 1 else ''}",
+            "metric": "read_bandwidth_gb_s",
+            "value": round(bw, 2),
+            "unit": "GB/s",
+            "command": command,
+        }
+        for t, bw in bandwidth.items()
+    ]
     for r in results:
         config = f"{r['source']}, {r['activations']}, {r['threads']}T"
         base = {"run": run, "model": r["model"], "config": config, "rounds": r["rounds"], "command": command}
         t = r["times_ms"]
-        values = [("bytes_per_token_mb", r["bytes_per_token"] / 1e6, "MB"),
-                  ("roofline_ms", r["roofline_ms"], "ms"), ("forward_ms", t["forward"], "ms"),
-                  ("call_ms", t["call"], "ms"), ("gemv_ms", t["gemv"], "ms"),
-                  ("attention_ms", t["attention"], "ms"), ("other_ms", t["other"] + t["ffn_act"], "ms"),
-                  ("gemv_gb_s", r["gemv_gb_s"], "GB/s"), ("pct_of_roofline", 100 * r["pct_of_roofline"], "%"),
-                  ("decode_tok_s", r["tok_s"], "tok/s"), ("loadavg_1m", r["loadavg"], None)]
+        values = [
+            ("bytes_per_token_mb", r["bytes_per_token"] / 1e6, "MB"),
+            ("roofline_ms", r["roofline_ms"], "ms"),
+            ("forward_ms", t["forward"], "ms"),
+            ("call_ms", t["call"], "ms"),
+            ("gemv_ms", t["gemv"], "ms"),
+            ("attention_ms", t["attention"], "ms"),
+            ("other_ms", t["other"] + t["ffn_act"], "ms"),
+            ("gemv_gb_s", r["gemv_gb_s"], "GB/s"),
+            ("pct_of_roofline", 100 * r["pct_of_roofline"], "%"),
+            ("decode_tok_s", r["tok_s"], "tok/s"),
+            ("loadavg_1m", r["loadavg"], None),
+        ]
         values += [(f"{op}_ms", t[op], "ms") for op in GEMV_OPS]
-        values += [(f"bytes_{role.split(' ')[0]}_mb", b / 1e6, "MB")
-                   for role, b in r["bytes_by_role"].items()]
+        values += [
+            (f"bytes_{role.split(' ')[0]}_mb", b / 1e6, "MB") for role, b in r["bytes_by_role"].items()
+        ]
         for metric, value, unit in values:
             rec = {**base, "metric": metric, "value": round(value, 4)}
             if unit:
@@ -215,11 +258,15 @@ def save(recs: list[dict]) -> Path:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("-m", "--model", action="append",
-                   help="model alias or GGUF path (repeatable; default: all four)")
+    p.add_argument(
+        "-m", "--model", action="append", help="model alias or GGUF path (repeatable; default: all four)"
+    )
     p.add_argument("--sources", default="gguf,q4_0", help="gguf and/or q4_0 (the bundle), comma-separated")
-    p.add_argument("--export", action="store_true",
-                   help="export a missing q4_0 bundle first (a heavy job for the 1.5B model)")
+    p.add_argument(
+        "--export",
+        action="store_true",
+        help="export a missing q4_0 bundle first (a heavy job for the 1.5B model)",
+    )
     p.add_argument("-t", "--threads", type=int, default=2)
     p.add_argument("--activations", default="q8", choices=["q8", "q8x2", "f32"])
     p.add_argument("--prompt-tokens", type=int, default=256)
@@ -236,8 +283,11 @@ def main(argv: list[str] | None = None) -> int:
     sources = args.sources.split(",")
     threads = sorted({1, args.threads})
     bandwidth = {t: read_bandwidth(t) for t in threads}
-    print("read bandwidth (1 GiB streaming read, best of 10): " +
-          ", ".join(f"{bandwidth[t]:.1f} GB/s @ {t}T" for t in threads), flush=True)
+    print(
+        "read bandwidth (1 GiB streaming read, best of 10): "
+        + ", ".join(f"{bandwidth[t]:.1f} GB/s @ {t}T" for t in threads),
+        flush=True,
+    )
     results = []
     for name in names:
         for kind in sources:
@@ -254,9 +304,12 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"[{name} {kind}: {e}]", file=sys.stderr)
                 continue
             r = results[-1]
-            print(f"{name} {kind}: {r['bytes_per_token'] / 1e6:.1f} MB/token, "
-                  f"forward {r['times_ms']['forward']:.2f} ms, roofline {r['roofline_ms']:.2f} ms "
-                  f"({100 * r['pct_of_roofline']:.0f}%)", flush=True)
+            print(
+                f"{name} {kind}: {r['bytes_per_token'] / 1e6:.1f} MB/token, "
+                f"forward {r['times_ms']['forward']:.2f} ms, roofline {r['roofline_ms']:.2f} ms "
+                f"({100 * r['pct_of_roofline']:.0f}%)",
+                flush=True,
+            )
     print_table(results, args.threads)
     if results and not args.no_save:
         run = dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
