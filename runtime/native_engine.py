@@ -26,20 +26,13 @@ LAYER_SLOTS: dict[str, str] = {tensor: slot for slot, tensor in _native.layer_sl
 MATRIX_SLOTS = frozenset(slot for slot, _ in _native.layer_slots()[:_native.MATRIX_SLOTS])
 
 
-def _drop_file_pages(raw: np.ndarray) -> None:
-    """Drop this process's pages of a view into a read-only file mapping (they are re-read from the
-    page cache if touched again), so a matrix copied into the engine's own layout is not resident
-    twice. Anything that is not a file mapping is left alone."""
+def _file_backed(raw: np.ndarray) -> bool:
+    """Whether `raw` is a view into a read-only file mapping, whose pages may be dropped from this
+    process (they are re-read from the page cache if touched again)."""
     owner = raw
     while owner is not None and not isinstance(owner, mmap.mmap):
         owner = getattr(owner, "base", None) if not isinstance(owner, memoryview) else owner.obj
-    if owner is None or not hasattr(mmap, "MADV_DONTNEED") or raw.nbytes == 0:
-        return
-    start = raw.ctypes.data - np.frombuffer(owner, np.uint8, count=1).ctypes.data
-    page = mmap.PAGESIZE
-    first, end = -(-start // page) * page, (start + raw.nbytes) // page * page  # whole pages only
-    if end > first:
-        owner.madvise(mmap.MADV_DONTNEED, first, end - first)
+    return owner is not None and hasattr(mmap, "MADV_DONTNEED")
 
 
 class WeightSource(Protocol):
@@ -108,8 +101,8 @@ class NativeEngine:
         if "token_embd.weight" in t:
             native.set_embedding(*self._matrix(t["token_embd.weight"]))
         head = t.get("output.weight") if not self.spec.tied_embeddings else t.get("token_embd.weight")
-        if head is not None and native.set_head(*self._matrix(head), panels=panels):
-            _drop_file_pages(head.raw)
+        if head is not None:
+            native.set_head(*self._matrix(head), panels=panels, drop_source=_file_backed(head.raw))
         if "output_norm.weight" in t:
             native.set_output_norm(self._vector(t["output_norm.weight"]))
         for layer in range(self.spec.n_layers):
@@ -118,8 +111,9 @@ class NativeEngine:
                 if prefix + tensor not in t:
                     continue
                 if slot in MATRIX_SLOTS:
-                    if native.set_matrix(layer, slot, *self._matrix(t[prefix + tensor]), panels=panels):
-                        _drop_file_pages(t[prefix + tensor].raw)
+                    raw = t[prefix + tensor].raw
+                    native.set_matrix(layer, slot, *self._matrix(t[prefix + tensor]), panels=panels,
+                                      drop_source=_file_backed(raw))
                 else:
                     native.set_vector(layer, slot, self._vector(t[prefix + tensor]))
 

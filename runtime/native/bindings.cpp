@@ -8,6 +8,10 @@
 #include <nanobind/stl/string.h>
 #include <nanobind/stl/vector.h>
 
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <algorithm>
 #include <memory>
 #include <string>
 
@@ -52,11 +56,14 @@ class PyEngine {
 
   // A weight matrix the engine reads. With `panels`, a format the kernels run faster from the
   // panel layout is copied into it now (the copy is the engine's; `raw` is not kept); *packed says
-  // whether it was, so the caller can drop the pages of a file it mapped.
+  // whether it was. With `drop_source` (raw is a read-only file mapping), the file's pages are
+  // dropped from this process slice by slice as they are copied, so a matrix is never resident
+  // twice, not even while it is being laid out.
   WeightMatrix matrix(const In& raw, const std::string& fmt, int64_t rows, int64_t cols, bool panels = false,
-                      bool* packed = nullptr) {
+                      bool* packed = nullptr, bool drop_source = false) {
     const Format f = fmt_of(fmt);
-    const size_t need = static_cast<size_t>(rows) * row_bytes(f, cols);
+    const size_t rb = row_bytes(f, cols);
+    const size_t need = static_cast<size_t>(rows) * rb;
     if (nbytes(raw) != need)
       throw KernelError("weight buffer has " + std::to_string(nbytes(raw)) + " bytes, " + std::to_string(rows) +
                         " rows of " + fmt + " x " + std::to_string(cols) + " need " + std::to_string(need));
@@ -66,7 +73,19 @@ class PyEngine {
       memory::AlignedBuffer buf(panel_bytes(f, rows, cols));
       {
         nb::gil_scoped_release release;
-        pack_panels(w, buf.data(), buf.size());
+        const int64_t slice = std::max<int64_t>(kPanelRows, static_cast<int64_t>((4u << 20) / rb) / kPanelRows * kPanelRows);
+        const uintptr_t page = static_cast<uintptr_t>(sysconf(_SC_PAGESIZE));
+        uintptr_t dropped = (reinterpret_cast<uintptr_t>(w.data) + page - 1) / page * page;  // first whole page
+        for (int64_t r0 = 0; r0 < rows; r0 += slice) {
+          const int64_t n = std::min(slice, rows - r0);
+          const WeightMatrix part{w.data + r0 * rb, static_cast<size_t>(n) * rb, f, n, cols, 0};
+          pack_panels(part, buf.data() + r0 * rb, panel_bytes(f, n, cols));
+          const uintptr_t end = reinterpret_cast<uintptr_t>(w.data + (r0 + n) * rb) / page * page;
+          if (drop_source && end > dropped) {
+            ::madvise(reinterpret_cast<void*>(dropped), end - dropped, MADV_DONTNEED);
+            dropped = end;
+          }
+        }
       }
       const WeightMatrix p{buf.data(), buf.size(), f, rows, cols, 0, Layout::panels};
       panels_.push_back(std::move(buf));
@@ -82,10 +101,10 @@ class PyEngine {
     engine_->set_embedding(matrix(raw, fmt, rows, cols));
   }
 
-  bool set_head(const In& raw, const std::string& fmt, int64_t rows, int64_t cols, bool panels) {
+  bool set_head(const In& raw, const std::string& fmt, int64_t rows, int64_t cols, bool panels, bool drop_source) {
     check_dims(rows, shape().vocab, cols, shape().d_model, "head");
     bool packed = false;
-    engine_->set_head(matrix(raw, fmt, rows, cols, panels, &packed));
+    engine_->set_head(matrix(raw, fmt, rows, cols, panels, &packed, drop_source));
     return packed;
   }
 
@@ -102,13 +121,13 @@ class PyEngine {
   }
 
   bool set_matrix(int64_t layer, const std::string& name, const In& raw, const std::string& fmt, int64_t rows,
-                  int64_t cols, bool panels) {
+                  int64_t cols, bool panels, bool drop_source) {
     const Slot slot = slot_named(name);
     if (!is_matrix(slot)) throw KernelError("'" + name + "' is a vector, not a matrix");
     const auto [want_rows, want_cols] = slot_dims(shape(), slot);
     check_dims(rows, want_rows, cols, want_cols, name);
     bool packed = false;
-    layer_at(layer).matrix(slot) = matrix(raw, fmt, rows, cols, panels, &packed);
+    layer_at(layer).matrix(slot) = matrix(raw, fmt, rows, cols, panels, &packed, drop_source);
     return packed;
   }
 
@@ -298,12 +317,13 @@ void bind_engine(nb::module_& m) {
            nb::arg("layers"), nb::arg("options"))
       .def("set_embedding", &PyEngine::set_embedding)
       .def("set_head", &PyEngine::set_head, nb::arg("raw"), nb::arg("fmt"), nb::arg("rows"), nb::arg("cols"),
-           nb::arg("panels") = false)
+           nb::arg("panels") = false, nb::arg("drop_source") = false)
       .def("set_output_norm", &PyEngine::set_output_norm)
       .def("set_head_shortlist", &PyEngine::set_head_shortlist)
       .def("set_matrix", &PyEngine::set_matrix, nb::arg("layer"), nb::arg("name"), nb::arg("raw"), nb::arg("fmt"),
-           nb::arg("rows"), nb::arg("cols"), nb::arg("panels") = false,
-           "Set a layer matrix; with panels, lay it out for the kernels now (returns whether it was copied).")
+           nb::arg("rows"), nb::arg("cols"), nb::arg("panels") = false, nb::arg("drop_source") = false,
+           "Set a layer matrix; with panels, lay it out for the kernels now (returns whether it was copied); "
+           "with drop_source (raw is a read-only file mapping), its pages are dropped as they are copied.")
       .def("set_vector", &PyEngine::set_vector)
       .def("forward", &PyEngine::forward, nb::arg("tokens"), nb::arg("positions"), nb::arg("tree_mask").none(),
            nb::arg("logit_rows"), nb::arg("out"))
