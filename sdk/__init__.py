@@ -19,11 +19,11 @@ import edgeflash.runtime.loader  # noqa: F401  (what a load needs, before any bu
 from edgeflash.base import __version__
 from edgeflash.base.errors import UserError
 
-__all__ = ["load", "export", "Model", "GenerationResult", "UserError", "__version__"]
+__all__ = ["load", "export", "Model", "GenerationResult", "SAMPLING_DEFAULTS", "UserError", "__version__"]
 
 # name -> module that defines it; `export` is the callable package edgeflash.export.
 _LAZY = {"load": "edgeflash.api", "Model": "edgeflash.api", "GenerationResult": "edgeflash.runtime.generate",
-         "export": None}
+         "SAMPLING_DEFAULTS": "edgeflash.runtime.sampler", "export": None}
 
 
 def __getattr__(name: str) -> Any:

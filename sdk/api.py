@@ -10,9 +10,10 @@ from edgeflash.base.errors import UserError
 from edgeflash.base.models import resolve_model
 from edgeflash.runtime.generate import Generation, GenerationResult
 from edgeflash.runtime.loader import ENGINES, LoadedModel, load_model
-from edgeflash.runtime.sampler import SamplingParams
+from edgeflash.runtime.sampler import SAMPLING_DEFAULTS, SamplingParams
 
-__all__ = ["ENGINES", "GenerationResult", "Model", "load"]
+__all__ = ["ENGINES", "SAMPLING_DEFAULTS", "GenerationResult", "Model", "load"]
+TOOL_CHOICES = ("auto", "none", "required")
 
 
 def load(model: str | Path = "default", *, memory_budget: str | int | None = None, threads: int = 2,
@@ -73,15 +74,44 @@ class Model:
 
     def generation(self, prompt: str | Sequence[int], max_tokens: int = 64, *, temperature: float = 0.0,
                    top_k: int = 0, top_p: float = 1.0, min_p: float = 0.0, repetition_penalty: float = 1.0,
+                   frequency_penalty: float = 0.0, presence_penalty: float = 0.0, repeat_last_n: int = 64,
                    seed: int | None = None, stop: Sequence[str] | str | None = None,
-                   speculative: str | None = None) -> Generation:
-        """A not-yet-started generation: iterate it for text pieces, then call `.result()`."""
+                   speculative: str | None = None, logprobs: int | None = None,
+                   json_schema: dict[str, Any] | bool | None = None, grammar: str | None = None) -> Generation:
+        """A not-yet-started generation: iterate it for text pieces, then call `.result()`.
+
+        Greedy unless `temperature` > 0 (the same prompt gives the same text); SAMPLING_DEFAULTS
+        holds what the command line and the server use instead (`**SAMPLING_DEFAULTS, seed=1`).
+        The penalties look at the last `repeat_last_n` tokens (prompt included).
+        logprobs: record each token's log-probability and that many alternatives (`result.logprobs`).
+        json_schema: the text is one JSON value valid under this schema (True: any JSON object).
+        grammar: the text follows this llguidance Lark grammar (an alternative to json_schema)."""
         ids = self.encode(prompt) if isinstance(prompt, str) else [int(t) for t in prompt]
         params = SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p,
-                                repetition_penalty=repetition_penalty, seed=seed)
+                                repetition_penalty=repetition_penalty, frequency_penalty=frequency_penalty,
+                                presence_penalty=presence_penalty, repeat_last_n=repeat_last_n, seed=seed)
         stops = [stop] if isinstance(stop, str) else list(stop or [])
         drafter = self._drafter(self.speculative if speculative is None else speculative)
-        return Generation(self.engine, ids, max_tokens, params, stops, drafter=drafter)
+        constraint = self._constraint(json_schema, grammar)
+        return Generation(self.engine, ids, max_tokens, params, stops, drafter=drafter, constraint=constraint,
+                          logprobs=logprobs)
+
+    def _constraint(self, json_schema: dict[str, Any] | bool | None, grammar: str | None) -> Any:
+        if json_schema is None or json_schema is False:
+            if grammar is None:
+                return None
+        elif grammar is not None:
+            raise UserError("give json_schema or grammar, not both")
+        from edgeflash.runtime.structured import JSON_OBJECT, Constraint, json_grammar
+
+        vocab = self.spec.vocab_size
+        if grammar is not None:
+            return Constraint(self.tokenizer, vocab, grammar)
+        if json_schema is True:
+            json_schema = JSON_OBJECT
+        if not isinstance(json_schema, dict):
+            raise UserError(f"json_schema = {json_schema!r:.60}: expected a JSON schema object or True")
+        return Constraint(self.tokenizer, vocab, json_grammar(json_schema), what="json_schema")
 
     def generate(self, prompt: str | Sequence[int], max_tokens: int = 64, **options: Any) -> GenerationResult:
         """Generate a completion; `result.text`, `result.tokens`, `result.stats`."""
@@ -93,25 +123,87 @@ class Model:
         with self._lock:
             yield from self.generation(prompt, max_tokens, **options)
 
-    def chat_prompt(self, messages: Sequence[dict[str, str]]) -> list[int]:
-        """Token ids of a conversation rendered with the model's chat format, ready for the reply."""
+    @property
+    def has_chat_template(self) -> bool:
+        return self.tokenizer.chat_format == "template"
+
+    def chat_template_warning(self) -> str | None:
+        """One line for a user about to chat with a model that carries no chat template (a base
+        model, most likely), or None."""
+        if self.has_chat_template:
+            return None
+        fallback = {"gemma": "Gemma turns", "chatml": "ChatML turns", "plain": "a plain 'User:/Assistant:' transcript"}
+        return (f"warning: {self.name} has no chat template (a base model?); chat falls back to "
+                f"{fallback[self.tokenizer.chat_format]} and replies may not make sense: use an instruct model")
+
+    @property
+    def tool_call_format(self) -> Any:
+        """How this model's chat template writes tool calls (None: it has no tool calling)."""
+        from edgeflash.runtime.structured import tool_call_format
+
+        return tool_call_format(self.tokenizer)
+
+    def chat_prompt(self, messages: Sequence[dict[str, Any]],
+                    tools: Sequence[dict[str, Any]] | None = None) -> list[int]:
+        """Token ids of a conversation rendered with the model's chat format, ready for the reply.
+        `tools` (OpenAI's {"type": "function", "function": {...}} objects) are rendered by the
+        model's own template; a message may then be a tool result ({"role": "tool", ...}) or an
+        assistant message with `tool_calls`."""
         from edgeflash.runtime.tokenizer import render_chat
 
         for i, m in enumerate(messages):
-            if not isinstance(m, dict) or not isinstance(m.get("role"), str) or not isinstance(m.get("content"), str):
+            if not isinstance(m, dict) or not isinstance(m.get("role"), str):
                 raise UserError(f"messages[{i}] must be a dict with string 'role' and 'content'")
-        text = render_chat(self.tokenizer, list(messages), add_generation_prompt=True)
+            content = m.get("content")
+            if not isinstance(content, str) and not (content is None and m.get("tool_calls")):
+                raise UserError(f"messages[{i}] must be a dict with string 'role' and 'content'")
+        extra = {}
+        if tools:
+            if self.tool_call_format is None:
+                raise UserError(f"tools: the chat template of {self.name} has no tool calling (use a model whose "
+                                "template renders tools, such as Qwen2.5)")
+            extra["tools"] = list(tools)
+        text = render_chat(self.tokenizer, list(messages), add_generation_prompt=True, **extra)
         ids = self.tokenizer.encode(text)
         bos = self.tokenizer.bos_id
         if len(ids) >= 2 and ids[0] == ids[1] == bos:  # the template wrote BOS itself
             ids = ids[1:]
         return ids
 
-    def chat(self, messages: Sequence[dict[str, str]], max_tokens: int = 256, **options: Any) -> GenerationResult:
-        """Reply to a conversation ([{"role": "user", "content": ...}, ...])."""
-        return self.generate(self.chat_prompt(messages), max_tokens, **options)
+    def chat(self, messages: Sequence[dict[str, Any]], max_tokens: int = 256, *,
+             tools: Sequence[dict[str, Any]] | None = None, tool_choice: str = "auto",
+             parallel_tool_calls: bool = True, **options: Any) -> GenerationResult:
+        """Reply to a conversation ([{"role": "user", "content": ...}, ...]).
 
-    def chat_stream(self, messages: Sequence[dict[str, str]], max_tokens: int = 256, **options: Any) -> Iterator[str]:
+        With `tools`, the reply is either text or calls of those tools, kept to the model's call
+        format and each tool's parameter schema: `result.tool_calls` (OpenAI's shape), and
+        `result.text` is the text outside the calls. tool_choice: "auto", "none", "required" or a
+        tool's name."""
+        if not tools:
+            return self.generate(self.chat_prompt(messages), max_tokens, **options)
+        grammar = self.tool_grammar(tools, tool_choice, parallel_tool_calls)
+        result = self.generate(self.chat_prompt(messages, tools), max_tokens, grammar=grammar, **options)
+        content, calls = self.tool_call_format.parse(result.text, list(tools))
+        if calls:
+            result.text, result.tool_calls, result.finish_reason = content or "", calls, "tool_calls"
+        return result
+
+    def tool_grammar(self, tools: Sequence[dict[str, Any]], tool_choice: str = "auto",
+                     parallel_tool_calls: bool = True) -> str:
+        """The grammar a reply follows when `tools` are offered (see `chat`)."""
+        from edgeflash.runtime.structured.tool_calls import check_tools
+
+        fmt = self.tool_call_format
+        if fmt is None:
+            raise UserError(f"tools: the chat template of {self.name} has no tool calling (use a model whose "
+                            "template renders tools, such as Qwen2.5)")
+        names = check_tools(tools)
+        if tool_choice not in TOOL_CHOICES and tool_choice not in names:
+            raise UserError(f"tool_choice = {tool_choice!r:.60}: expected auto, none, required or one of the "
+                            f"tools' names ({', '.join(names)})")
+        return fmt.grammar(list(tools), tool_choice, parallel_tool_calls)
+
+    def chat_stream(self, messages: Sequence[dict[str, Any]], max_tokens: int = 256, **options: Any) -> Iterator[str]:
         yield from self.stream(self.chat_prompt(messages), max_tokens, **options)
 
     def close(self) -> None:

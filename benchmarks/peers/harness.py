@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 import workloads
-from models import BenchModel, get_model
+from models import MODELS, BenchModel, get_model
 
 
 # Every runner generates two tokens from this before timing anything (loads lazy state, spins
@@ -38,7 +38,7 @@ WARMUP_TEXT = "The quick brown fox"
 
 def build_parser(peer: str) -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=f"Run one {peer} benchmark workload and print one JSON object.")
-    p.add_argument("--model", required=True, help="gemma3-270m or smollm2-135m")
+    p.add_argument("--model", required=True, choices=list(MODELS))
     src = p.add_mutually_exclusive_group()
     src.add_argument("--prompt-file", type=Path, help="use this text file as the prompt")
     src.add_argument("--prompt-tokens", type=int, help="held-out passage cut to N tokens (default 400)")

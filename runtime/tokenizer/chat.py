@@ -73,12 +73,34 @@ def _compile(template: str) -> Any:
         raise ValueError(f"chat_template does not compile: {error} (line {error.lineno})") from None
 
 
+def _template_message(message: dict[str, Any]) -> dict[str, Any]:
+    """A message as chat templates expect it. OpenAI clients send a tool call's arguments as JSON
+    text, while templates write them with `tojson` (Qwen2.5, Hermes): they get the object, or the
+    call would be written as a quoted string the model never saw in training."""
+    calls = message.get("tool_calls")
+    if not calls:
+        return message
+    fixed = []
+    for call in calls:
+        if isinstance(call, Mapping) and isinstance(call.get("function"), Mapping):
+            function = dict(call["function"])
+            if isinstance(function.get("arguments"), str):
+                try:
+                    function["arguments"] = json.loads(function["arguments"])
+                except json.JSONDecodeError:
+                    pass  # written as the text it is
+            call = {**call, "function": function}
+        fixed.append(call)
+    return {**message, "tool_calls": fixed}
+
+
 def _render_template(tok: Tokenizer, messages: list[dict[str, Any]], add_generation_prompt: bool,
                      extra: Mapping[str, Any]) -> str:
     import jinja2
 
     variables = {name: value for name, value in tok.special_tokens.items() if value is not None}
     variables.update(extra)
+    messages = [_template_message(m) for m in messages]
     variables.update(messages=messages, add_generation_prompt=add_generation_prompt)
     try:
         return _compile(tok.chat_template).render(**variables)
@@ -118,7 +140,8 @@ def render_chat(tok: Tokenizer, messages: Sequence[Mapping[str, Any]], add_gener
                 **template_variables: Any) -> str:
     """The prompt text for a conversation, in the format `tok.chat_format` names.
 
-    The text holds no BOS of its own unless the model's template writes one; encode it with
+    `template_variables` reach the model's own template: `tools=[...]` (OpenAI's tool objects)
+    renders the tools the way the model was trained to see them. The text holds no BOS of its own unless the model's template writes one; encode it with
     `chat_ids` to get BOS exactly once.
     """
     checked = _check_messages(messages)

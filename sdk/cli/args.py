@@ -1,10 +1,16 @@
-"""Argument parsing shared by the subcommands: one-line errors, typed values, common options."""
+"""Argument parsing shared by the subcommands: one-line errors, typed values, and the options
+`generate`, `chat` and `serve` share, in two tiers: everyday options first, engine tuning and
+sampling details in an "advanced" group. An option name means one thing in every command."""
 
 from __future__ import annotations
 
 import argparse
 import sys
-from typing import NoReturn
+from typing import Any, NoReturn
+
+from edgeflash.runtime.sampler import SAMPLING_DEFAULTS
+
+ADVANCED_TITLE = "advanced (engine tuning and sampling details)"
 
 
 class OneLineParser(argparse.ArgumentParser):
@@ -13,6 +19,17 @@ class OneLineParser(argparse.ArgumentParser):
     def error(self, message: str) -> NoReturn:
         sys.stderr.write(f"{self.prog}: error: {message} (see {self.prog} --help)\n")
         sys.exit(2)
+
+
+class Renamed(argparse.Action):
+    """An option that was renamed: using it is a one-line error naming the new option."""
+
+    def __init__(self, option_strings: list[str], dest: str, new: str, **kwargs: Any):
+        super().__init__(option_strings, dest, nargs="?", help=argparse.SUPPRESS, **kwargs)
+        self.new = new
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: Any, values: Any, option: str | None = None) -> None:
+        parser.error(f"{option} is now {self.new}")
 
 
 def non_negative_int(text: str) -> int:
@@ -42,60 +59,127 @@ def non_negative_float(text: str) -> float:
     return value
 
 
-def add_model_options(p: argparse.ArgumentParser) -> None:
+def penalty(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number in [-2, 2], got {text!r}") from None
+    if not -2 <= value <= 2:
+        raise argparse.ArgumentTypeError(f"expected a number in [-2, 2], got {text!r}")
+    return value
+
+
+def window_tokens(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = -2
+    if value < -1:
+        raise argparse.ArgumentTypeError(f"expected an integer >= -1 (-1: the whole context), got {text!r}")
+    return value
+
+
+def advanced_group(p: argparse.ArgumentParser) -> argparse._ArgumentGroup:
+    """The command's "advanced" group (made once, listed after the everyday options)."""
+    for group in p._action_groups:
+        if group.title == ADVANCED_TITLE:
+            return group
+    return p.add_argument_group(ADVANCED_TITLE)
+
+
+def add_model_option(p: argparse.ArgumentParser) -> None:
     p.add_argument("-m", "--model", default="default",
-                   help="GGUF file, bundle directory, Hugging Face directory, or an alias: default "
-                        "(Gemma 3 270M), gemma3-270m, smollm2-135m (default: %(default)s)")
+                   help="GGUF file, bundle directory, Hugging Face directory, or an alias (`edgeflash models` "
+                        "lists them) (default: %(default)s)")
+
+
+def add_everyday_engine_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("-t", "--threads", type=positive_int, default=2, help="CPU threads (default: %(default)s)")
-    p.add_argument("--engine", choices=["auto", "native", "reference"], default="auto",
-                   help="auto picks the fastest available; reference is the numpy oracle (default: %(default)s)")
-    p.add_argument("-c", "--context", type=positive_int, default=None, dest="context_length",
-                   help="context length in tokens (default: the model's, capped by the engine)")
     p.add_argument("--memory-budget", default=None, metavar="SIZE",
                    help="one byte budget for everything the model uses, e.g. 96MB or 1.5GiB; weights that "
                         "do not fit are read from flash for every token")
-    p.add_argument("--strategy", choices=["flash", "hybrid", "naive"], default="flash",
-                   help="with --memory-budget: how weights stream (flash: planned residency, parallel "
-                        "reads, prefetch; hybrid/naive: baselines) (default: %(default)s)")
-    p.add_argument("--sparsity", type=float, default=None, metavar="S",
-                   help="with --memory-budget and a bundle: approximate FFN that reads only predicted-active "
-                        "neurons at this calibrated sparsity (e.g. 0.5); its quality cost is in the bundle's report")
-    p.add_argument("--window", type=non_negative_int, default=4, metavar="K",
-                   help="with --sparsity: keep the neurons of the last K tokens cached (default: %(default)s)")
-    p.add_argument("--head-shortlist", type=positive_int, default=None, metavar="N",
-                   help="with --memory-budget and a bundle: approximate head over the N most frequent tokens")
-    p.add_argument("--speculative", default="none", metavar="KIND",
-                   help="speculative decoding, lossless: none, lookup (n-grams of the context), self (the "
-                        "model's first layers with a reduced head; bundles), draft:PATH (a smaller model with "
-                        "the same tokenizer) or auto (default: %(default)s)")
-    p.add_argument("--activations", choices=["q8x2", "q8", "f32"], default="q8x2",
-                   help="activation precision against quantized weights: q8x2 agrees with the reference, "
-                        "q8 is fastest (default: %(default)s)")
-    p.add_argument("--kv-cache", choices=["f16", "q8_0"], default="f16", dest="kv_cache",
-                   help="KV cache precision: q8_0 halves its memory (room for weights or a longer context "
-                        "under --memory-budget) at a small quality cost (default: %(default)s)")
 
 
-def add_sampling_options(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--temperature", "--temp", type=non_negative_float, default=0.0,
-                   help="0 = greedy (default: %(default)s)")
-    p.add_argument("--top-k", type=non_negative_int, default=0, help="0 = off (default: %(default)s)")
-    p.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling mass (default: %(default)s)")
-    p.add_argument("--min-p", type=float, default=0.0, help="drop tokens below min-p x best (default: %(default)s)")
-    p.add_argument("--repeat-penalty", type=float, default=1.0, dest="repetition_penalty",
-                   help="> 1 discourages repeating tokens (default: %(default)s)")
-    p.add_argument("--seed", type=int, default=None, help="random seed for sampling")
+def add_advanced_engine_options(p: argparse.ArgumentParser) -> None:
+    adv = advanced_group(p)
+    adv.add_argument("--engine", choices=["auto", "native", "reference"], default="auto",
+                     help="auto picks the fastest available; reference is the numpy oracle (default: %(default)s)")
+    adv.add_argument("-c", "--context", type=positive_int, default=None, dest="context_length",
+                     help="context length in tokens (default: the model's, capped by the engine)")
+    adv.add_argument("--strategy", choices=["flash", "hybrid", "naive"], default="flash",
+                     help="with --memory-budget: how weights stream (flash: planned residency, parallel "
+                          "reads, prefetch; hybrid/naive: baselines) (default: %(default)s)")
+    adv.add_argument("--ffn-sparsity", type=float, default=None, metavar="S", dest="sparsity",
+                     help="with --memory-budget and a bundle: approximate FFN that reads only predicted-active "
+                          "neurons at this calibrated sparsity (e.g. 0.5); its quality cost is in the bundle's report")
+    adv.add_argument("--neuron-window", type=non_negative_int, default=4, metavar="K", dest="window",
+                     help="with --ffn-sparsity: keep the FFN neurons of the last K tokens cached "
+                          "(default: %(default)s)")
+    adv.add_argument("--head-shortlist", type=positive_int, default=None, metavar="N",
+                     help="with --memory-budget and a bundle: approximate head over the N most frequent tokens")
+    adv.add_argument("--speculative", default="none", metavar="KIND",
+                     help="speculative decoding, lossless: none, lookup (n-grams of the context), self (the "
+                          "model's first layers with a reduced head; bundles), draft:PATH (a smaller model with "
+                          "the same tokenizer) or auto (default: %(default)s)")
+    adv.add_argument("--activations", choices=["q8x2", "q8", "f32"], default="q8x2",
+                     help="activation precision against quantized weights: q8x2 agrees with the reference, "
+                          "q8 is fastest (default: %(default)s)")
+    adv.add_argument("--kv-cache", choices=["f16", "q8_0"], default="f16", dest="kv_cache",
+                     help="KV cache precision: q8_0 halves its memory (room for weights or a longer context "
+                          "under --memory-budget) at a small quality cost (default: %(default)s)")
+    adv.add_argument("--sparsity", action=Renamed, new="--ffn-sparsity")
+    adv.add_argument("--window", action=Renamed, new="--neuron-window")
+
+
+def add_everyday_sampling_options(p: argparse.ArgumentParser) -> None:
+    d = SAMPLING_DEFAULTS
+    p.add_argument("--temp", "--temperature", type=non_negative_float, default=d["temperature"], dest="temperature",
+                   metavar="T",
+                   help="sampling temperature; 0 = greedy, the same text every run (default: %(default)s)")
+    p.add_argument("--seed", type=int, default=None, help="random seed: the same seed gives the same sampled text")
     p.add_argument("--stop", action="append", default=[], metavar="TEXT",
                    help="stop when this text appears (repeatable)")
 
 
+def add_advanced_sampling_options(p: argparse.ArgumentParser) -> None:
+    d = SAMPLING_DEFAULTS
+    adv = advanced_group(p)
+    adv.add_argument("--top-k", type=non_negative_int, default=d["top_k"], metavar="K",
+                     help="sample from the K most likely tokens; 0 = all (default: %(default)s)")
+    adv.add_argument("--top-p", type=float, default=d["top_p"], metavar="P",
+                     help="sample from the smallest set of tokens holding this probability (default: %(default)s)")
+    adv.add_argument("--min-p", type=float, default=d["min_p"], metavar="P",
+                     help="drop tokens less likely than min-p x the best one (default: %(default)s)")
+    adv.add_argument("--repeat-penalty", type=float, default=d["repetition_penalty"], dest="repetition_penalty",
+                     metavar="X",
+                     help="> 1 discourages tokens seen in the last --repeat-last-n tokens; 1 = off "
+                          "(default: %(default)s)")
+    adv.add_argument("--repeat-last-n", type=window_tokens, default=d["repeat_last_n"], metavar="N",
+                     help="tokens the penalties look back over; 0 = no penalties, -1 = the whole context "
+                          "(default: %(default)s)")
+    adv.add_argument("--frequency-penalty", type=penalty, default=d["frequency_penalty"], metavar="X",
+                     help="subtracted from a token's logit per occurrence in that window (default: %(default)s)")
+    adv.add_argument("--presence-penalty", type=penalty, default=d["presence_penalty"], metavar="X",
+                     help="subtracted once from the logit of every token in that window (default: %(default)s)")
+
+
 def sampling_kwargs(args: argparse.Namespace) -> dict:
     return {"temperature": args.temperature, "top_k": args.top_k, "top_p": args.top_p, "min_p": args.min_p,
-            "repetition_penalty": args.repetition_penalty, "seed": args.seed, "stop": args.stop}
+            "repetition_penalty": args.repetition_penalty, "repeat_last_n": args.repeat_last_n,
+            "frequency_penalty": args.frequency_penalty, "presence_penalty": args.presence_penalty,
+            "seed": args.seed, "stop": args.stop}
 
 
 def load_kwargs(args: argparse.Namespace) -> dict:
     return {"memory_budget": args.memory_budget, "threads": args.threads, "engine": args.engine,
             "context_length": args.context_length, "strategy": args.strategy, "activations": args.activations,
-            "kv_cache": args.kv_cache, "sparsity": args.sparsity, "window": args.window, "head_shortlist": args.head_shortlist,
-            "speculative": args.speculative}
+            "kv_cache": args.kv_cache, "sparsity": args.sparsity, "window": args.window,
+            "head_shortlist": args.head_shortlist, "speculative": args.speculative}
+
+
+def warn_without_chat_template(model: Any) -> None:
+    """The one-line warning for chatting with a model that has no chat template."""
+    warning = model.chat_template_warning()
+    if warning:
+        sys.stderr.write(warning + "\n")
+        sys.stderr.flush()

@@ -12,11 +12,15 @@ from typing import Any, TextIO
 
 from edgeflash.base.errors import UserError
 from edgeflash.cli.args import (
-    add_model_options,
-    add_sampling_options,
+    add_advanced_engine_options,
+    add_advanced_sampling_options,
+    add_everyday_engine_options,
+    add_everyday_sampling_options,
+    add_model_option,
     load_kwargs,
     positive_int,
     sampling_kwargs,
+    warn_without_chat_template,
 )
 
 HELP = "chat with a model in the terminal"
@@ -24,9 +28,12 @@ DESCRIPTION = """Chat with MODEL in the terminal: each reply streams as it is ge
 conversation so far is the context of the next reply (the oldest turns are dropped when it no
 longer fits). Lines starting with / are commands; /help lists them.
 
+Replies are sampled with llama.cpp's defaults (see `edgeflash generate --help`); --temp 0 makes
+them greedy, --seed repeatable.
+
 examples:
-  edgeflash chat -m smollm2-135m
-  edgeflash chat -m model.gguf --system "Answer in one sentence." -n 128 --temperature 0.7
+  edgeflash chat
+  edgeflash chat -m model.gguf --system "Answer in one sentence." -n 128 --temp 0.7
   printf 'Name a planet.\\n/stats\\n' | edgeflash chat -m smollm2-135m
 """
 PROMPT = "you> "
@@ -41,11 +48,14 @@ COMMANDS = {
 def add_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("chat", help=HELP, description=DESCRIPTION,
                        formatter_class=argparse.RawDescriptionHelpFormatter)
-    add_model_options(p)
+    add_model_option(p)
     p.add_argument("--system", default=None, metavar="TEXT", help="a system message that starts the conversation")
     p.add_argument("-n", "--max-tokens", type=positive_int, default=256,
                    help="maximum tokens per reply (default: %(default)s)")
-    add_sampling_options(p)
+    add_everyday_sampling_options(p)
+    add_everyday_engine_options(p)
+    add_advanced_sampling_options(p)
+    add_advanced_engine_options(p)
     p.set_defaults(run=run)
 
 
@@ -182,6 +192,7 @@ def run(args: argparse.Namespace) -> int:
     out, err = sys.stdout, sys.stderr
     err.write(f"edgeflash chat: {model.name} ({model.engine.name} engine). /help lists commands, /exit leaves.\n")
     err.flush()
+    warn_without_chat_template(model)
     while True:
         try:
             line = read_line(interactive)

@@ -5,10 +5,10 @@ from __future__ import annotations
 import sys
 
 from edgeflash.base.errors import UserError
-from edgeflash.cli import bench, chat, export, generate, inspect, probe_io, serve
+from edgeflash.cli import bench, chat, export, generate, inspect, models, probe_io, serve
 from edgeflash.cli.args import OneLineParser
 
-SUBCOMMANDS = [generate, chat, serve, export, inspect, bench, probe_io]
+SUBCOMMANDS = [generate, chat, serve, models, export, inspect, bench, probe_io]
 
 
 def build_parser() -> OneLineParser:

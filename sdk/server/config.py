@@ -20,8 +20,9 @@ class ServerConfig:
     max_body_bytes: int = 1 << 20  # larger request bodies get HTTP 413 unread
     api_key: str | None = None  # when set, /v1/* requires "Authorization: Bearer <key>"
     shutdown_grace_s: float = 10.0  # how long a running generation may finish on shutdown
-    sampling_defaults: dict[str, Any] = field(default_factory=dict)  # for fields a request omits
+    sampling_defaults: dict[str, Any] = field(default_factory=dict)  # over SAMPLING_DEFAULTS, for omitted fields
     access_log: bool = True  # one line per request on stderr
+    cors_origins: tuple[str, ...] = ()  # browser origins allowed to call the API ("*": any); none = no CORS
 
     def __post_init__(self) -> None:
         checks = [

@@ -21,9 +21,11 @@ from urllib.parse import unquote
 
 from edgeflash.base import __version__
 from edgeflash.server.errors import ApiError, invalid, server_error
-from edgeflash.server.responses import ResponseIds, chunk, full_response, usage_chunk
+from edgeflash.server.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
+from edgeflash.server.responses import LogprobWriter, ResponseIds, full_response, usage_chunk
+from edgeflash.server.stream_state import ChoiceStream
 from edgeflash.server.validate import parse_chat, parse_completion
-from edgeflash.server.worker import DONE, ERROR, PIECE, Job, shutting_down
+from edgeflash.server.worker import CHOICE, DONE, ERROR, PIECE, Job, shutting_down
 
 if TYPE_CHECKING:
     from edgeflash.server.server import Server
@@ -33,8 +35,19 @@ CONTENT_TYPES = {".html": "text/html; charset=utf-8", ".js": "text/javascript; c
                  ".css": "text/css; charset=utf-8", ".svg": "image/svg+xml", ".png": "image/png",
                  ".ico": "image/x-icon"}
 POST_PATHS = ("/v1/chat/completions", "/v1/completions")
-GET_PATHS = ("/health", "/v1/models", "/", "/index.html")
+GET_PATHS = ("/health", "/metrics", "/v1/models", "/", "/index.html")
+CORS_METHODS = "GET, POST, OPTIONS"
 POLL_S = 0.25  # how often a waiting handler checks whether its client is still there
+
+
+def _metrics_path(path: str) -> str:
+    """The path label of /metrics: the endpoints by name, everything else as "other" (a scanner
+    trying random paths must not grow the label set)."""
+    if path.startswith("/v1/models"):
+        return "/v1/models"
+    if path.startswith("/static/"):
+        return "/static"
+    return path if path in POST_PATHS or path in GET_PATHS else "other"
 
 
 class ClientGone(Exception):
@@ -71,7 +84,7 @@ class Handler(BaseHTTPRequestHandler):
         self._handle(self._method_not_allowed)
 
     def do_OPTIONS(self) -> None:
-        self._handle(self._method_not_allowed)
+        self._handle(self._preflight if self._cors_origin() else self._method_not_allowed)
 
     def handle_one_request(self) -> None:
         # A kept-alive client may hang up (or reset) while the server waits for its next request
@@ -87,10 +100,47 @@ class Handler(BaseHTTPRequestHandler):
         except ConnectionError:
             pass
 
+    def send_response(self, code: int, message: str | None = None) -> None:
+        # Counted as the status line goes out, so a client that reads /metrics next sees it.
+        path = getattr(self, "_metrics_path", None)
+        if path is not None:
+            self.app.metrics.request_done(path, code)
+        super().send_response(code, message)
+
+    def end_headers(self) -> None:
+        origin = self._cors_origin()
+        if origin:
+            self.send_header("Access-Control-Allow-Origin", origin)
+            self.send_header("Vary", "Origin")
+        super().end_headers()
+
+    def _cors_origin(self) -> str | None:
+        """The Access-Control-Allow-Origin value for this request: CORS is off unless --cors-origin
+        was given, and then answers only the origins it lists ("*": any)."""
+        allowed = self.app.config.cors_origins
+        origin = self.headers.get("Origin") if self.headers else None
+        if not allowed or not origin:
+            return None
+        if "*" in allowed:
+            return "*"
+        return origin if origin in allowed else None
+
+    def _preflight(self, path: str) -> None:
+        self._discard_body()
+        self.send_response(204)
+        self.send_header("Access-Control-Allow-Methods", CORS_METHODS)
+        self.send_header("Access-Control-Allow-Headers",
+                         self.headers.get("Access-Control-Request-Headers") or "Authorization, Content-Type")
+        self.send_header("Access-Control-Max-Age", "600")
+        self.send_header("Content-Length", "0")
+        self.end_headers()
+
     def _handle(self, route: Any) -> None:
         self.app.request_started()
+        path = unquote(self.path.split("?", 1)[0])
+        self._metrics_path = _metrics_path(path)
         try:
-            route(unquote(self.path.split("?", 1)[0]))
+            route(path)
         except ApiError as e:
             self._send_error(e)
         except ClientGone:
@@ -103,12 +153,15 @@ class Handler(BaseHTTPRequestHandler):
         finally:
             if self.app.draining:
                 self.close_connection = True  # so handler threads end with the server
+            self._metrics_path = None
             self.app.request_finished()
 
     def _route_get(self, path: str) -> None:
         if path == "/health":
             status = self.app.health()
             return self._send_json(200 if status["status"] == "ok" else 503, status)
+        if path == "/metrics":
+            return self._send_text(200, self.app.metrics_text(), METRICS_CONTENT_TYPE)
         if path in ("/v1/models", "/v1/models/"):
             self._check_api_key()
             return self._send_json(200, {"object": "list", "data": [self.app.model_card()]})
@@ -222,14 +275,20 @@ class Handler(BaseHTTPRequestHandler):
             job.cancel()  # the worker drops it at the next piece (or before it starts)
             raise
 
+    def _logprob_writer(self, job: Job) -> LogprobWriter | None:
+        return LogprobWriter(self.app.model.tokenizer) if job.request.output.logprobs is not None else None
+
     def _respond_once(self, job: Job, ids: ResponseIds) -> None:
+        results = []
         while True:
             kind, payload = self._next_event(job)
             if kind == PIECE:
                 continue  # the result holds the whole text
+            if kind == CHOICE:
+                results.append(payload[1])
+                continue
             if kind == DONE:
-                result, stats = payload
-                return self._send_json(200, full_response(ids, result, stats))
+                return self._send_json(200, full_response(ids, results, payload, self._logprob_writer(job)))
             raise payload if kind == ERROR else shutting_down()
 
     def _stream(self, job: Job, ids: ResponseIds) -> None:
@@ -240,20 +299,38 @@ class Handler(BaseHTTPRequestHandler):
         self.send_header("Transfer-Encoding", "chunked")
         self.send_header("X-Accel-Buffering", "no")  # proxies must not hold events back
         self.end_headers()
+        streams: dict[int, ChoiceStream] = {}
+        results = []
+        writer = self._logprob_writer(job)
+        held = None  # the last choice's finish chunk: the run's statistics go on it
         if req.kind == "chat":
-            self._send_event(chunk(ids, req, first=True))
+            streams[0] = ChoiceStream(ids, req, 0, writer, self.app.model)
+            self._send_event(streams[0].first_chunk())
         while True:
             kind, payload = self._next_event(job)
-            if kind == PIECE:
-                self._send_event(chunk(ids, req, text=payload))
+            if held is not None and kind in (PIECE, CHOICE):
+                self._send_event(held)
+                held = None
+            if kind in (PIECE, CHOICE):
+                index = payload[0]
+                if index not in streams:
+                    streams[index] = ChoiceStream(ids, req, index, writer, self.app.model)
+                    if req.kind == "chat":
+                        self._send_event(streams[index].first_chunk())
+                if kind == PIECE:
+                    events = streams[index].piece(payload[1], payload[2])
+                else:
+                    results.append(payload[1])
+                    *events, held = streams[index].finish(payload[1])
+                for event in events:
+                    self._send_event(event)
                 continue
             if kind == DONE:
-                result, stats = payload
-                final = chunk(ids, req, finish_reason=result.finish_reason)
-                final["edgeflash"] = stats
-                self._send_event(final)
+                if held is not None:
+                    held["edgeflash"] = payload
+                    self._send_event(held)
                 if req.include_usage:
-                    self._send_event(usage_chunk(ids, result))
+                    self._send_event(usage_chunk(ids, results))
             else:
                 error = payload if kind == ERROR else shutting_down()
                 self._send_event(error.body())
@@ -301,6 +378,15 @@ class Handler(BaseHTTPRequestHandler):
             self.send_header(name, value)
         if self.close_connection:
             self.send_header("Connection", "close")
+        self.end_headers()
+        if self.command != "HEAD":
+            self.wfile.write(data)
+
+    def _send_text(self, status: int, text: str, content_type: str) -> None:
+        data = text.encode()
+        self.send_response(status)
+        self.send_header("Content-Type", content_type)
+        self.send_header("Content-Length", str(len(data)))
         self.end_headers()
         if self.command != "HEAD":
             self.wfile.write(data)

@@ -12,8 +12,10 @@ from typing import Any
 from edgeflash.base import __version__
 from edgeflash.base.errors import UserError
 from edgeflash.base.rss import current_rss_bytes, peak_rss_bytes
+from edgeflash.runtime.sampler import SAMPLING_DEFAULTS
 from edgeflash.server.config import ServerConfig
 from edgeflash.server.handler import Handler
+from edgeflash.server.metrics import Metrics
 from edgeflash.server.network import is_loopback, resolve_bind_address
 from edgeflash.server.worker import Worker
 
@@ -36,7 +38,8 @@ class Server:
         self.config = config or ServerConfig()
         self.model_id = self.config.model_id or model.name
         self.fingerprint = f"edgeflash-{__version__}-{model.engine.name}"
-        self.worker = Worker(model, self.config.max_queue)
+        self.metrics = Metrics()
+        self.worker = Worker(model, self.config.max_queue, self.metrics)
         self.created = int(time.time())
         self.draining = False
         self._active = 0
@@ -79,13 +82,24 @@ class Server:
         return {"id": self.model_id, "object": "model", "created": self.created, "owned_by": "edgeflash",
                 "edgeflash": {"engine": self.model.engine.name, "context_length": self.model.engine.context_length,
                               "architecture": self.model.spec.family, "max_tokens": self.config.max_tokens,
-                              "max_prompt_tokens": self.config.max_prompt_tokens}}
+                              "max_prompt_tokens": self.config.max_prompt_tokens,
+                              "sampling_defaults": self.sampling_defaults(),
+                              "chat_template": self.model.has_chat_template,
+                              "tool_calls": self.model.tool_call_format is not None}}
+
+    def sampling_defaults(self) -> dict[str, Any]:
+        """What a request that omits a sampling field gets."""
+        return {**SAMPLING_DEFAULTS, "seed": None,
+                **{k: v for k, v in self.config.sampling_defaults.items() if k != "stop"}}
 
     def health(self) -> dict[str, Any]:
         return {"status": "shutting_down" if self.draining else "ok", "model": self.model_id,
                 "engine": self.model.engine.name, **self.worker.status(),
                 "uptime_s": round(time.monotonic() - self._started, 3), "rss_bytes": current_rss_bytes(),
                 "peak_rss_bytes": peak_rss_bytes()}
+
+    def metrics_text(self) -> str:
+        return self.metrics.render(self.model_id, self.worker.status(), time.monotonic() - self._started)
 
     # --- life ----------------------------------------------------------------------------------
 

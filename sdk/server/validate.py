@@ -1,8 +1,9 @@
 """Turn an OpenAI request body into a checked `GenerationRequest`, or an `ApiError` naming the field.
 
-Fields that would change what the client gets back in ways this server cannot honour (n > 1,
-logprobs, tools, penalties other than 0...) are refused rather than silently ignored; fields
-that do not change the output (user, metadata, store...) are accepted and ignored.
+Fields that would change what the client gets back in ways this server cannot honour (echo,
+suffix, logit_bias, best_of > 1...) are refused rather than silently ignored; fields that do not
+change the output (user, metadata, store...) are accepted and ignored. What shapes the output
+beyond sampling (n, logprobs, response_format, tools) is read in `output_options`.
 """
 
 from __future__ import annotations
@@ -13,10 +14,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from edgeflash.base.errors import UserError
+from edgeflash.runtime.sampler import SAMPLING_DEFAULTS
 from edgeflash.server.config import ServerConfig
-from edgeflash.server.errors import ApiError, invalid
+from edgeflash.server.errors import invalid
+from edgeflash.server.output_options import OutputOptions, chat_output_options, completion_output_options
 
-CHAT_ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
+CHAT_ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant", "tool": "tool"}
 MAX_STOP_STRINGS = 4
 
 
@@ -30,43 +33,42 @@ class GenerationRequest:
     stop: list[str] = field(default_factory=list)
     stream: bool = False
     include_usage: bool = False  # stream_options.include_usage: a last chunk with usage
+    output: OutputOptions = field(default_factory=OutputOptions)
 
 
-def served_model(body: dict[str, Any], config: ServerConfig, model_id: str) -> str:
-    """The served id if the request names this model (or none); 404 for any other name."""
-    name = body.get("model", model_id)
-    if name is None:
-        return model_id
-    if not isinstance(name, str):
+def served_model(body: dict[str, Any], model_id: str) -> str:
+    """The served id, whatever name the request gives: one model is loaded, so a client written
+    for another server's model name (gpt-4o-mini, ...) works unchanged, as with llama-server."""
+    name = body.get("model")
+    if name is not None and not isinstance(name, str):
         raise invalid(f"model = {name!r:.60}: expected a string", "model", "invalid_type")
-    if name not in (model_id, *config.aliases):
-        raise ApiError(404, f"The model '{name}' does not exist; this server serves '{model_id}'",
-                       param="model", code="model_not_found")
     return model_id
 
 
 def parse_chat(body: dict[str, Any], model: Any, config: ServerConfig, model_id: str) -> GenerationRequest:
-    served = served_model(body, config, model_id)
+    served = served_model(body, model_id)
     messages = _messages(body)
     _refuse_unsupported(body, chat=True)
+    output = chat_output_options(body, model)
     try:
-        ids = model.chat_prompt(messages)
+        ids = model.chat_prompt(messages, output.tools)
     except (UserError, ValueError) as e:
         raise invalid(f"messages cannot be rendered with the model's chat format: {e}", "messages") from None
     _check_prompt_length(ids, model, config, "messages")
     max_tokens = _max_tokens(body, config, ("max_completion_tokens", "max_tokens"))
     return GenerationRequest("chat", served, ids, max_tokens, _sampling(body, config), _stop(body, config),
-                             *_stream(body))
+                             *_stream(body), output)
 
 
 def parse_completion(body: dict[str, Any], model: Any, config: ServerConfig, model_id: str) -> GenerationRequest:
-    served = served_model(body, config, model_id)
+    served = served_model(body, model_id)
     ids = _prompt_ids(body, model)
     _refuse_unsupported(body, chat=False)
+    output = completion_output_options(body, model)
     _check_prompt_length(ids, model, config, "prompt")
     max_tokens = _max_tokens(body, config, ("max_tokens",))
     return GenerationRequest("completion", served, ids, max_tokens, _sampling(body, config), _stop(body, config),
-                             *_stream(body))
+                             *_stream(body), output)
 
 
 def _messages(body: dict[str, Any]) -> list[dict[str, str]]:
@@ -85,9 +87,45 @@ def _messages(body: dict[str, Any]) -> list[dict[str, str]]:
         if role not in CHAT_ROLES:
             expected = ", ".join(repr(r) for r in CHAT_ROLES)
             raise invalid(f"{param}.role = {role!r:.40}: expected one of {expected}", f"{param}.role")
-        if m.get("tool_calls") or m.get("function_call"):
-            raise invalid(f"{param}: tool calls are not supported by this server", f"{param}.tool_calls")
-        out.append({"role": CHAT_ROLES[role], "content": _content_text(m.get("content"), f"{param}.content")})
+        if m.get("function_call"):
+            raise invalid(f"{param}.function_call: the legacy function_call is not supported; send tool_calls",
+                          f"{param}.function_call", "unsupported_value")
+        message: dict[str, Any] = {"role": CHAT_ROLES[role]}
+        calls = m.get("tool_calls")
+        if calls is not None and role != "assistant":
+            raise invalid(f"{param}.tool_calls: only assistant messages carry tool calls", f"{param}.tool_calls")
+        if calls:
+            message["tool_calls"] = _tool_calls(calls, f"{param}.tool_calls")
+            content = m.get("content")
+            message["content"] = None if content is None else _content_text(content, f"{param}.content")
+        else:
+            message["content"] = _content_text(m.get("content"), f"{param}.content")
+        if role == "tool":
+            call_id = m.get("tool_call_id")
+            if not isinstance(call_id, str):
+                raise invalid(f"{param}.tool_call_id = {call_id!r:.40}: a tool message needs the id of the call it "
+                              "answers", f"{param}.tool_call_id", "invalid_type")
+            message["tool_call_id"] = call_id
+        out.append(message)
+    return out
+
+
+def _tool_calls(calls: Any, param: str) -> list[dict[str, Any]]:
+    if not isinstance(calls, list):
+        raise invalid(f"{param} = {calls!r:.60}: expected a list of tool calls", param, "invalid_type")
+    out = []
+    for j, call in enumerate(calls):
+        where = f"{param}[{j}]"
+        function = call.get("function") if isinstance(call, dict) else None
+        if not isinstance(function, dict) or not isinstance(function.get("name"), str):
+            raise invalid(f"{where} = {call!r:.60}: expected {{'id', 'type': 'function', 'function': {{'name', "
+                          "'arguments'}}}}", where, "invalid_type")
+        arguments = function.get("arguments", "{}")
+        if not isinstance(arguments, (str, dict)):
+            raise invalid(f"{where}.function.arguments = {arguments!r:.40}: expected a JSON string",
+                          f"{where}.function.arguments", "invalid_type")
+        out.append({"id": call.get("id"), "type": "function",
+                    "function": {"name": function["name"], "arguments": arguments}})
     return out
 
 
@@ -156,15 +194,21 @@ def _max_tokens(body: dict[str, Any], config: ServerConfig, names: tuple[str, ..
 
 
 def _sampling(body: dict[str, Any], config: ServerConfig) -> dict[str, Any]:
-    d = config.sampling_defaults
+    """Sampling fields; omitted ones take the server's defaults (its flags over SAMPLING_DEFAULTS)."""
+    d = {**SAMPLING_DEFAULTS, "seed": None, **config.sampling_defaults}
     return {
-        "temperature": _number(body, "temperature", d.get("temperature", 0.0), lambda v: 0 <= v <= 2, "in [0, 2]"),
-        "top_p": _number(body, "top_p", d.get("top_p", 1.0), lambda v: 0 < v <= 1, "in (0, 1]"),
-        "top_k": _integer(body, "top_k", d.get("top_k", 0), lambda v: v >= 0, ">= 0"),
-        "min_p": _number(body, "min_p", d.get("min_p", 0.0), lambda v: 0 <= v < 1, "in [0, 1)"),
-        "repetition_penalty": _number(body, "repetition_penalty", d.get("repetition_penalty", 1.0),
+        "temperature": _number(body, "temperature", d["temperature"], lambda v: 0 <= v <= 2, "in [0, 2]"),
+        "top_p": _number(body, "top_p", d["top_p"], lambda v: 0 < v <= 1, "in (0, 1]"),
+        "top_k": _integer(body, "top_k", d["top_k"], lambda v: v >= 0, ">= 0"),
+        "min_p": _number(body, "min_p", d["min_p"], lambda v: 0 <= v < 1, "in [0, 1)"),
+        "repetition_penalty": _number(body, "repetition_penalty", d["repetition_penalty"],
                                       lambda v: 0 < v <= 10, "in (0, 10]"),
-        "seed": _integer(body, "seed", d.get("seed"), lambda v: True, ""),
+        "frequency_penalty": _number(body, "frequency_penalty", d["frequency_penalty"], lambda v: -2 <= v <= 2,
+                                     "in [-2, 2]"),
+        "presence_penalty": _number(body, "presence_penalty", d["presence_penalty"], lambda v: -2 <= v <= 2,
+                                    "in [-2, 2]"),
+        "repeat_last_n": _integer(body, "repeat_last_n", d["repeat_last_n"], lambda v: v >= -1, ">= -1"),
+        "seed": _integer(body, "seed", d["seed"], lambda v: True, ""),
     }
 
 
@@ -203,21 +247,14 @@ def _stream(body: dict[str, Any]) -> tuple[bool, bool]:
 
 # field -> (is the value harmless?, what the message says is supported)
 _UNSUPPORTED: dict[str, tuple[Callable[[Any], bool], str]] = {
-    "n": (lambda v: v == 1 and _is_int(v), "only n = 1"),
     "best_of": (lambda v: v == 1 and _is_int(v), "only best_of = 1"),
-    "logprobs": (lambda v: v is False or v == 0, "no logprobs"),
-    "top_logprobs": (lambda v: v == 0, "no logprobs"),
     "echo": (lambda v: v is False, "no echo"),
     "suffix": (lambda v: v == "", "no suffix (insertion)"),
-    "presence_penalty": (lambda v: v == 0, "presence_penalty 0 (use repetition_penalty)"),
-    "frequency_penalty": (lambda v: v == 0, "frequency_penalty 0 (use repetition_penalty)"),
     "logit_bias": (lambda v: v == {}, "no logit_bias"),
-    "tools": (lambda v: v == [], "no tools"),
-    "functions": (lambda v: v == [], "no functions"),
-    "tool_choice": (lambda v: v == "none", "tool_choice 'none'"),
-    "response_format": (lambda v: isinstance(v, dict) and v.get("type") == "text", "response_format 'text'"),
+    "functions": (lambda v: v == [], "no functions (send tools)"),
+    "function_call": (lambda v: v == "none", "no function_call (send tool_choice)"),
 }
-_CHAT_ONLY = {"tools", "functions", "tool_choice", "response_format", "top_logprobs"}
+_CHAT_ONLY = {"functions", "function_call"}
 _COMPLETION_ONLY = {"echo", "suffix", "best_of"}
 
 

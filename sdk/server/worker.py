@@ -22,8 +22,10 @@ from edgeflash.server.validate import GenerationRequest
 
 log = logging.getLogger("edgeflash.server")
 
-# Events a job emits, in order: any number of PIECE, then exactly one of DONE, ERROR, CANCELLED.
-PIECE, DONE, ERROR, CANCELLED = "piece", "done", "error", "cancelled"
+# Events a job emits, in order: for each choice (n of them) any number of PIECE (index, text,
+# logprobs of the tokens since the last piece) and one CHOICE (index, result); then exactly one of
+# DONE (stats), ERROR, CANCELLED. An ERROR or CANCELLED may come at any point.
+PIECE, CHOICE, DONE, ERROR, CANCELLED = "piece", "choice", "done", "error", "cancelled"
 
 
 @dataclass
@@ -43,8 +45,9 @@ def shutting_down() -> ApiError:
 
 
 class Worker:
-    def __init__(self, model: Any, max_queue: int):
+    def __init__(self, model: Any, max_queue: int, metrics: Any):
         self.model = model
+        self.metrics = metrics
         self.max_queue = max_queue
         self.completed = 0
         self._cond = threading.Condition()
@@ -113,20 +116,15 @@ class Worker:
             return
         job.started_at = time.perf_counter()
         req = job.request
+        results = []
         try:
-            generation = self.model.generation(req.prompt_ids, req.max_tokens, stop=req.stop, **req.sampling)
-            pieces = iter(generation)
-            try:
-                for piece in pieces:
-                    if job.cancelled.is_set():
-                        break
-                    job.events.put((PIECE, piece))
-            finally:
-                pieces.close()
-            if job.cancelled.is_set():
-                job.events.put((CANCELLED, None))
-                return
-            result = generation.result()
+            for index in range(req.output.n):
+                result = self._choice(job, index)
+                if result is None:
+                    job.events.put((CANCELLED, None))
+                    return
+                results.append(result)
+                job.events.put((CHOICE, (index, result)))
         except UserError as e:
             job.events.put((ERROR, invalid(str(e), None)))
             return
@@ -135,8 +133,38 @@ class Worker:
             self.model.engine.reset()
             job.events.put((ERROR, server_error(f"generation failed: {type(e).__name__}: {e}")))
             return
-        stats = {**result.stats, "queue_wait_s": round(job.started_at - job.enqueued_at, 6),
+        stats = {**results[-1].stats, "queue_wait_s": round(job.started_at - job.enqueued_at, 6),
                  "rss_bytes": current_rss_bytes()}
         with self._cond:
             self.completed += 1
-        job.events.put((DONE, (result, stats)))
+        job.events.put((DONE, stats))
+
+    def _choice(self, job: Job, index: int) -> Any:
+        """One choice's generation, streamed as PIECE events; None when the job was cancelled."""
+        req, out = job.request, job.request.output
+        sampling = dict(req.sampling)
+        if index and sampling.get("seed") is not None:
+            sampling["seed"] += index  # n choices from one seed: reproducible, and not n copies
+        generation = self.model.generation(req.prompt_ids, req.max_tokens, stop=req.stop, grammar=out.grammar,
+                                           logprobs=out.logprobs, **sampling)
+        sent = 0  # logprob entries already sent with a piece
+        pieces = iter(generation)
+        try:
+            for piece in pieces:
+                if job.cancelled.is_set():
+                    return None
+                entries = None
+                if generation.logprobs is not None:
+                    entries, sent = generation.logprobs[sent:len(generation.tokens)], len(generation.tokens)
+                job.events.put((PIECE, (index, piece, entries)))
+        finally:
+            pieces.close()
+        if job.cancelled.is_set():
+            return None
+        result = generation.result()
+        if out.tools:
+            content, calls = self.model.tool_call_format.parse(result.text, out.tools)
+            if calls:
+                result.text, result.tool_calls, result.finish_reason = content or "", calls, "tool_calls"
+        self.metrics.generation_done(result.stats)
+        return result

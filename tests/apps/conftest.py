@@ -11,7 +11,8 @@ def web_server():
     from edgeflash.server import Server, ServerConfig
 
     model = ef.load("smollm2-135m")
-    server = Server(model, ServerConfig(port=0, max_tokens=64, access_log=False))
+    server = Server(model, ServerConfig(port=0, max_tokens=64, access_log=False,
+                                        sampling_defaults={"temperature": 0.0, "repetition_penalty": 1.0}))
     server.start()
     yield server
     server.shutdown()

@@ -66,3 +66,32 @@ def test_limits(smol):
     small = ef.load("smollm2-135m", engine=smol.engine.name, context_length=8)
     with pytest.raises(UserError, match="context"):
         small.generate("one two three four five six seven eight nine ten", max_tokens=4)
+
+
+def test_logprobs_are_the_models_log_softmax(smol):
+    import numpy as np
+
+    r = smol.generate(PROMPT, max_tokens=4, logprobs=3)
+    assert len(r.logprobs) == len(r.tokens) == 4
+    smol.engine.reset()
+    logits = smol.engine.forward(smol.encode(PROMPT) + r.tokens[:-1], all_logits=True)[-4:].astype(np.float64)
+    log_softmax = logits - np.log(np.exp(logits - logits.max(1, keepdims=True)).sum(1, keepdims=True)) - logits.max(
+        1, keepdims=True)
+    for row, token, entry in zip(log_softmax, r.tokens, r.logprobs):
+        assert entry.token == token
+        assert abs(entry.logprob - row[token]) < 2e-3
+        assert [t for t, _ in entry.top] == list(np.argsort(-row)[:3])
+    assert smol.generate(PROMPT, max_tokens=4).logprobs is None  # only when asked
+
+
+def test_json_schema_constrains_any_model(smol):
+    import json
+
+    schema = {"type": "object", "properties": {"day": {"enum": ["Monday", "Friday"]}, "n": {"type": "integer"}},
+              "required": ["day", "n"], "additionalProperties": False}
+    r = smol.generate(PROMPT, max_tokens=40, json_schema=schema)
+    value = json.loads(r.text)
+    assert value["day"] in ("Monday", "Friday") and isinstance(value["n"], int)
+    assert r.finish_reason == "stop"
+    with pytest.raises(UserError, match="json_schema"):
+        smol.generate(PROMPT, max_tokens=4, json_schema={"type": "objec"})

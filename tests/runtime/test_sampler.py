@@ -54,3 +54,54 @@ def test_seed_reproduces_and_frequencies_match():
 def test_bad_parameters(kwargs):
     with pytest.raises(UserError, match=next(iter(kwargs))):
         SamplingParams(**kwargs)
+
+
+def test_frequency_and_presence_penalties_follow_openai():
+    """logit -= frequency * count + presence * (count > 0), over the window."""
+    sampler = Sampler(SamplingParams(frequency_penalty=0.5, presence_penalty=0.25))
+    got = sampler.adjusted_logits(LOGITS, history=[1, 1, 2])
+    want = LOGITS.copy()
+    want[1] -= 2 * 0.5 + 0.25
+    want[2] -= 0.5 + 0.25
+    np.testing.assert_allclose(got, want, rtol=1e-6)
+
+
+def test_penalties_look_at_the_last_n_tokens_only():
+    history = [0, 0, 0, 3]
+    assert Sampler(SamplingParams(repetition_penalty=10.0, repeat_last_n=1))(LOGITS, history) == 0  # only 3 is recent
+    assert Sampler(SamplingParams(repetition_penalty=10.0, repeat_last_n=-1))(LOGITS, history) == 1
+    assert Sampler(SamplingParams(repetition_penalty=10.0, repeat_last_n=0))(LOGITS, history) == 0
+
+
+def test_exempt_tokens_are_never_penalized():
+    """End-of-turn tokens follow every message of a chat prompt; penalizing them would keep replies going."""
+    params = SamplingParams(repetition_penalty=10.0, frequency_penalty=2.0)
+    np.testing.assert_array_equal(Sampler(params, exempt=[0]).adjusted_logits(LOGITS, [0, 0]), LOGITS)
+    assert Sampler(params)(LOGITS, [0, 0]) == 1
+
+
+def test_greedy_with_a_penalty_is_not_argmax_only():
+    assert not SamplingParams().penalized
+    assert SamplingParams(presence_penalty=0.1).penalized
+    assert not SamplingParams(repetition_penalty=1.3, repeat_last_n=0).penalized
+
+
+def test_masked_tokens_are_never_sampled():
+    logits = LOGITS.copy()
+    logits[0] = -np.inf
+    probs = Sampler(SamplingParams(temperature=1.0, top_k=3)).probabilities(logits)
+    assert probs[0] == 0 and (probs[1:4] > 0).all() and probs[4] == 0
+
+
+def test_defaults_are_llama_cpps():
+    from edgeflash.runtime.sampler import SAMPLING_DEFAULTS
+
+    params = SamplingParams(**SAMPLING_DEFAULTS)
+    assert (params.temperature, params.top_k, params.top_p, params.min_p) == (0.8, 40, 0.95, 0.05)
+    assert (params.repetition_penalty, params.repeat_last_n) == (1.1, 64) and params.penalized
+
+
+@pytest.mark.parametrize("kwargs", [dict(frequency_penalty=2.5), dict(presence_penalty=-3), dict(repeat_last_n=-2)])
+def test_bad_penalties(kwargs):
+    with pytest.raises(UserError, match=next(iter(kwargs))):
+        SamplingParams(**kwargs)

@@ -18,8 +18,9 @@ MAX_TOKENS = 8
 Q1 = "What is the capital of France?"
 Q2 = "And of Italy?"
 ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]|\x1b[=>]")
+# Plain greedy decoding (no penalty), as the API's defaults: the replies can be compared.
 CHAT = [sys.executable, "-m", "edgeflash.cli.main", "chat", "-m", "smollm2-135m", "-n",
-        str(MAX_TOKENS)]
+        str(MAX_TOKENS), "--temp", "0", "--repeat-penalty", "1"]
 
 
 @pytest.fixture(scope="module")

@@ -6,6 +6,8 @@ import json
 import subprocess
 import sys
 
+import pytest
+
 
 def run_cli(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "edgeflash.cli.main", *args], capture_output=True, text=True,
@@ -74,10 +76,15 @@ def test_unknown_option():
 
 
 def test_generate_json_stats(smollm_path):
+    """--json: stdout is exactly one JSON object (prompt, text, statistics); the text went to stderr."""
     proc = run_cli("generate", "-m", str(smollm_path), "-p", "Once upon a time", "-n", "8", "--json",
                    "--engine", "reference")
     assert proc.returncode == 0, proc.stderr
-    stats = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert len(proc.stdout.splitlines()) == 1
+    stats = json.loads(proc.stdout)
+    assert stats["prompt"] == "Once upon a time" and stats["text"]
+    assert ("Once upon a time" + stats["text"]) in proc.stderr
+    assert stats["baseline_rss_bytes"] > 10_000_000
     for key in ("prompt_tokens", "generated_tokens", "prefill_tok_s", "decode_tok_s", "peak_rss_bytes"):
         assert key in stats, key
     assert stats["prompt_tokens"] == 4
@@ -88,9 +95,9 @@ def test_generate_json_stats(smollm_path):
 
 def test_generate_speculative_reports_acceptance(smol_bundle):
     proc = run_cli("generate", "-m", str(smol_bundle), "-p", "one two three, one two three, one two three,", "-n", "24",
-                   "--speculative", "lookup", "--json")
+                   "--speculative", "lookup", "--json", "--temp", "0", "--repeat-penalty", "1")
     assert proc.returncode == 0, proc.stderr
-    stats = json.loads(proc.stdout.strip().splitlines()[-1])
+    stats = json.loads(proc.stdout)
     assert stats["spec_passes"] > 0 and stats["spec_mean_accepted"] > 1.0  # the prompt repeats itself
 
 
@@ -103,3 +110,88 @@ def test_help_explains_generate():
     proc = run_cli("generate", "--help")
     assert proc.returncode == 0
     assert "examples:" in proc.stdout and "--memory-budget" in proc.stdout
+
+
+def help_sections(command: str) -> dict[str, list[str]]:
+    """The options `edgeflash COMMAND --help` lists, by section title."""
+    proc = run_cli(command, "--help")
+    assert proc.returncode == 0, proc.stderr
+    sections: dict[str, list[str]] = {}
+    title = None
+    for line in proc.stdout.splitlines():
+        if line and not line.startswith(" ") and line.endswith(":"):
+            title = line[:-1]
+            sections[title] = []
+        elif title and line.startswith("  -"):
+            sections[title].append(line.split()[0].rstrip(","))
+    return sections
+
+
+@pytest.mark.parametrize("command", ["generate", "chat", "serve"])
+def test_help_has_two_tiers(command):
+    """At most 12 everyday options (help included) come before the advanced group, which holds
+    the engine's knobs and the sampling details."""
+    sections = help_sections(command)
+    titles = list(sections)
+    advanced = [t for t in titles if t.startswith("advanced")]
+    assert len(advanced) == 1, titles
+    everyday = [opt for t in titles[:titles.index(advanced[0])] for opt in sections[t]]
+    assert len(everyday) <= 12, everyday
+    assert {"-m", "--temp", "--seed", "--memory-budget"} <= set(everyday), everyday
+    assert {"--engine", "--strategy", "--kv-cache", "--top-k", "--repeat-penalty", "--frequency-penalty"} <= set(
+        sections[advanced[0]]), sections[advanced[0]]
+
+
+@pytest.mark.parametrize("old, new", [("--window", "--neuron-window"), ("--sparsity", "--ffn-sparsity")])
+def test_renamed_options_name_their_new_name(old, new):
+    assert_one_line_error(run_cli("generate", "-p", "hi", old, "4"), old, new)
+
+
+def test_sampling_defaults_and_seeds(smollm_path):
+    """The command line samples by default; a seed repeats a run; --temp 0 is greedy like the API."""
+    import edgeflash as ef
+
+    base = ["generate", "-m", str(smollm_path), "-p", "My favourite colour is", "-n", "12", "--json"]
+    first, again = (json.loads(run_cli(*base, "--seed", "5").stdout) for _ in range(2))
+    assert first["text"] == again["text"]
+    others = {json.loads(run_cli(*base, "--seed", str(seed)).stdout)["text"] for seed in (6, 7, 8)}
+    assert len(others | {first["text"]}) > 1, "four seeds gave one text: not sampled"
+    greedy = json.loads(run_cli(*base, "--temp", "0", "--repeat-penalty", "1").stdout)
+    model = ef.load(str(smollm_path))
+    assert greedy["text"] == model.generate("My favourite colour is", 12).text
+
+
+def test_budget_line_separates_the_baseline(smollm_path):
+    """Under a budget, --json and the summary line say what the budget covers: peak RSS minus the
+    RSS before loading, which stays within the budget."""
+    args = ["generate", "-m", str(smollm_path), "-p", "Hello", "-n", "8", "--memory-budget", "120MB", "--temp", "0"]
+    stats = json.loads(run_cli(*args, "--json").stdout)
+    assert stats["memory_budget_bytes"] == 120_000_000
+    assert stats["budget_used_bytes"] == stats["peak_rss_bytes"] - stats["baseline_rss_bytes"]
+    assert 0 < stats["budget_used_bytes"] <= stats["memory_budget_bytes"]
+    summary = run_cli(*args).stderr.strip().splitlines()[-1]
+    assert "MiB before loading +" in summary and "MiB budget" in summary, summary
+
+
+def test_chat_without_a_template_warns_once():
+    proc = subprocess.run([sys.executable, "-m", "edgeflash.cli.main", "chat", "-m", "gemma3-270m", "-n", "4"],
+                          input="Hi\n", capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    warnings = [line for line in proc.stderr.splitlines() if "no chat template" in line]
+    assert len(warnings) == 1 and warnings[0].startswith("warning: ")
+    with_template = subprocess.run([sys.executable, "-m", "edgeflash.cli.main", "chat", "-m", "smollm2-135m", "-n",
+                                    "4"], input="Hi\n", capture_output=True, text=True, timeout=300)
+    assert "no chat template" not in with_template.stderr
+
+
+def test_models_lists_every_alias():
+    from edgeflash.base.models import ALIASES
+
+    proc = run_cli("models")
+    assert proc.returncode == 0, proc.stderr
+    listed = [line.split()[0] for line in proc.stdout.splitlines() if line and not line.startswith(" ")]
+    assert listed == list(ALIASES)
+    rows = [json.loads(line) for line in run_cli("models", "--json").stdout.splitlines()]
+    assert [r["alias"] for r in rows] == list(ALIASES)
+    for r in rows:
+        assert r["bytes"] is None or r["bytes"] > 10_000_000

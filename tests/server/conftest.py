@@ -29,3 +29,24 @@ def served():
     yield server
     server.shutdown()
     model.close()
+
+
+# The smallest model whose chat template renders tools (Qwen2.5's Hermes format).
+TOOL_MODEL = "qwen2.5-coder-0.5b"
+
+
+@pytest.fixture(scope="module")
+def tool_served():
+    """A running server on Qwen2.5-Coder-0.5B-Instruct, for tool calling."""
+    import edgeflash as ef
+    from edgeflash.base.models import ALIASES
+    from edgeflash.server import Server, ServerConfig
+
+    if TOOL_MODEL not in ALIASES:
+        pytest.skip(f"tool calling needs the model alias {TOOL_MODEL!r}, which edgeflash.base.models does not have")
+    model = ef.load(TOOL_MODEL)
+    server = Server(model, ServerConfig(port=0, access_log=False, **{**TEST_LIMITS, "max_prompt_tokens": 1024}))
+    server.start()
+    yield server
+    server.shutdown()
+    model.close()

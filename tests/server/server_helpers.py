@@ -7,9 +7,15 @@ import json
 from typing import Any
 from urllib.parse import urlparse
 
-# Greedy decoding counts on and on from here (no end-of-text for hundreds of tokens): a request that
-# keeps the worker busy until its client leaves.
+from edgeflash.runtime.sampler import SAMPLING_DEFAULTS
+
+# Plain greedy decoding (no penalty) counts on and on from here (no end-of-text for hundreds of
+# tokens): a request that keeps the worker busy until its client leaves.
 LONG_PROMPT = "1, 2, 3, 4, 5,"
+PLAIN_GREEDY = {"temperature": 0, "repetition_penalty": 1.0}
+# What a request with "temperature": 0 gets from a server on the default options: greedy over the
+# default penalties. The oracle decodes with the same options.
+SERVER_GREEDY = {**SAMPLING_DEFAULTS, "temperature": 0.0}
 # The limits of the shared test server: small prompt and body limits so the refusals are cheap to reach.
 TEST_LIMITS = {"max_tokens": 1024, "max_prompt_tokens": 160, "max_body_bytes": 64 * 1024, "max_queue": 8}
 

@@ -1,5 +1,6 @@
-"""The official `openai` client against `edgeflash serve`: answers equal `Model.generate`'s greedy
-output, streamed or not, and stay whole when several clients ask at once."""
+"""The official `openai` client against `edgeflash serve`: answers equal `Model.generate`'s output
+with the server's options, streamed or not, and stay whole when several clients ask at once; any
+model name is served; penalties, logprobs, n and seeds do what OpenAI's API says."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ from functools import cache
 
 import openai
 import pytest
+from server_helpers import SERVER_GREEDY
 
 QUESTION = [{"role": "user", "content": "What is the capital of France?"}]
 CHAT_MAX = 10
@@ -27,8 +29,8 @@ def expected(oracle):
     @cache
     def answer(kind: str, prompt: str, max_tokens: int, stop: str | None = None):
         if kind == "chat":
-            return oracle.chat(QUESTION, max_tokens, temperature=0.0, stop=stop)
-        return oracle.generate(prompt, max_tokens, temperature=0.0, stop=stop)
+            return oracle.chat(QUESTION, max_tokens, stop=stop, **SERVER_GREEDY)
+        return oracle.generate(prompt, max_tokens, stop=stop, **SERVER_GREEDY)
 
     return answer
 
@@ -146,3 +148,11 @@ def test_models_list_and_retrieve(client, served):
     assert client.models.retrieve(served.model_id).id == served.model_id
     with pytest.raises(openai.NotFoundError):
         client.models.retrieve("no-such-model")
+
+
+def test_any_model_name_is_served(client, served, expected):
+    """One model is loaded, so a client written for another server's model name works unchanged."""
+    want = expected("chat", "", CHAT_MAX)
+    got = client.chat.completions.create(model="gpt-4o-mini", messages=QUESTION, max_tokens=CHAT_MAX, temperature=0)
+    assert got.choices[0].message.content == want.text
+    assert got.model == served.model_id  # the response names the model that answered

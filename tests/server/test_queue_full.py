@@ -9,7 +9,7 @@ import threading
 import time
 
 import pytest
-from server_helpers import LONG_PROMPT, assert_error, request
+from server_helpers import LONG_PROMPT, PLAIN_GREEDY, SERVER_GREEDY, assert_error, request
 
 
 @pytest.fixture(scope="module")
@@ -29,7 +29,7 @@ def small_queue_server():
 
 def open_stream(port: int, prompt: str, max_tokens: int) -> socket.socket:
     """Start a streaming completion on a raw socket and return once its first text piece arrived."""
-    body = json.dumps({"prompt": prompt, "max_tokens": max_tokens, "stream": True}).encode()
+    body = json.dumps({"prompt": prompt, "max_tokens": max_tokens, "stream": True, **PLAIN_GREEDY}).encode()
     sock = socket.create_connection(("127.0.0.1", port), timeout=300)
     sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body))
     received = b""
@@ -57,7 +57,8 @@ def test_full_queue_gets_503_and_waiting_request_completes(small_queue_server, o
 
     def wait_in_queue() -> None:
         waiting_result["response"] = request(server.url, "POST", "/v1/completions",
-                                             {"prompt": "The capital of France is", "max_tokens": 5})
+                                             {"prompt": "The capital of France is", "max_tokens": 5,
+                                              "temperature": 0})
 
     waiter = threading.Thread(target=wait_in_queue)
     waiter.start()
@@ -70,7 +71,7 @@ def test_full_queue_gets_503_and_waiting_request_completes(small_queue_server, o
     waiter.join(300)
     status, _, body = waiting_result["response"]
     assert status == 200
-    assert body["choices"][0]["text"] == oracle.generate("The capital of France is", 5).text
+    assert body["choices"][0]["text"] == oracle.generate("The capital of France is", 5, **SERVER_GREEDY).text
     health = wait_for(server.url, lambda h: not h["busy"])
     assert health["status"] == "ok" and health["queue_depth"] == 0
 

@@ -53,6 +53,12 @@ async function loadModel() {
     modelId = card.id;
     const info = card.edgeflash || {};
     $("model").textContent = `${card.id} · ${info.engine || "?"} engine · context ${info.context_length || "?"}`;
+    const sampling = info.sampling_defaults || {};
+    if (sampling.temperature != null) $("temperature").placeholder = `server default: ${sampling.temperature}`;
+    if (info.chat_template === false && !$("no-template")) {
+      addMessage("error", "This model has no chat template (a base model?): its replies may not make sense. " +
+                          "Serve an instruct model for chat.").id = "no-template";
+    }
     const health = await (await fetch("/health")).json();
     $("stats").textContent = `ready · memory ${mib(health.rss_bytes)} resident`;
     setState("idle");
@@ -96,6 +102,22 @@ function describe(stats, usage) {
   return parts.join(" · ");
 }
 
+// The request body; sampling fields left empty in the settings take the server's defaults.
+function request(system) {
+  const body = {
+    model: modelId,
+    messages: system ? [{ role: "system", content: system }, ...conversation] : conversation,
+    max_tokens: Number($("max-tokens").value) || 128,
+    stream: true,
+    stream_options: { include_usage: true },
+  };
+  const temperature = $("temperature").value.trim();
+  if (temperature !== "") body.temperature = Number(temperature);
+  const seed = $("seed").value.trim();
+  if (seed !== "") body.seed = Number(seed);
+  return body;
+}
+
 async function send(text) {
   const system = $("system").value.trim();
   conversation.push({ role: "user", content: text });
@@ -113,14 +135,7 @@ async function send(text) {
       method: "POST",
       headers: headers(),
       signal: controller.signal,
-      body: JSON.stringify({
-        model: modelId,
-        messages: system ? [{ role: "system", content: system }, ...conversation] : conversation,
-        max_tokens: Number($("max-tokens").value) || 128,
-        temperature: Number($("temperature").value) || 0,
-        stream: true,
-        stream_options: { include_usage: true },
-      }),
+      body: JSON.stringify(request(system)),
     });
     if (!response.ok) throw new Error(await errorMessage(response));
     let stats = null, usage = null, finish = null;
