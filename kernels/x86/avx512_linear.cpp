@@ -20,5 +20,7 @@ void install_avx512(KernelTable& t) {
   t.gemm_q8_panels[int(Format::q5_0)].set(gemm_q8_packed<PQ5_0>, n);
   t.gemm_q8_panels[int(Format::q4_k)].set(gemm_q8_packed<PQ4_K>, n);
   t.gemm_q8_panels[int(Format::q6_k)].set(gemm_q8_packed<PQ6_K>, n);
+  void install_avx512_ops(KernelTable & t);
+  install_avx512_ops(t);
 }
 }  // namespace ef
