@@ -67,12 +67,13 @@ struct AttnChunk {
   const uint8_t* v;
   size_t row_bytes;
   int64_t c;
-  const uint8_t* vis;    // [R, c] nonzero = visible
+  const uint8_t* vis;    // [R / group, c] nonzero = visible: row r uses vis row r / group
+  int64_t group;         // query rows sharing one visibility row (the heads of a GQA group)
   float scale, softcap;
   float* m;              // [R]
   float* l;              // [R]
   float* acc;            // [R, hd]
-  float* scratch;        // R * c + 8 * hd floats
+  float* scratch;        // R * 64 + 64 * hd floats
 };
 using AttnChunkFn = void (*)(const AttnChunk& a);
 
