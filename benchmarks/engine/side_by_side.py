@@ -349,8 +349,8 @@ def print_table(rows: list[dict], args) -> None:
         f"{args.rounds} interleaved rounds\n"
     )
     print(
-        "| model | config | decode tok/s | vs faster llama.cpp | prefill tok/s | vs faster llama.cpp | perplexity | "
-        "peak RSS MB | same tokens as llama.cpp | load |"
+        "| model | config | decode tok/s | vs faster llama.cpp | prefill tok/s | vs faster llama.cpp | "
+        "perplexity | peak RSS MB | same tokens as llama.cpp | load |"
     )
     print("|---|---|---|---|---|---|---|---|---|---|")
 
