@@ -84,8 +84,8 @@ void attention(const KvCache& cache, const AttentionArgs& a) {
     float* acc = l + R;
     std::fill(m, m + R, -std::numeric_limits<float>::infinity());
     std::fill(l, l + R + R * hd, 0.0f);
-    float* scratch = scratch_floats(static_cast<size_t>(R * kChunk + kChunk * hd + (n_q * kChunk + 3) / 4));
-    uint8_t* vis = reinterpret_cast<uint8_t*>(scratch + R * kChunk + kChunk * hd);
+    float* scratch = scratch_floats(static_cast<size_t>(R * kChunk + (kChunk + 16) * hd + (n_q * kChunk + 3) / 4));
+    uint8_t* vis = reinterpret_cast<uint8_t*>(scratch + R * kChunk + (kChunk + 16) * hd);
     for (int64_t j0 = j_begin / kChunk * kChunk; j0 < j_end; j0 += kChunk) {  // chunks at absolute offsets
       // Whole chunks (slots past the live range are invisible): the SIMD blocking of a query's keys
       // must not depend on how many other slots happen to be live.

@@ -99,6 +99,7 @@ const IsaLevel kLevels[] = {
 #elif defined(EF_ARCH_ARM64)
     {"neon", {"asimd", nullptr}, install_neon},
     {"neon_dotprod", {"asimd", "asimddp", nullptr}, install_neon_dotprod},
+    {"neon_i8mm", {"asimd", "asimddp", "i8mm", nullptr}, install_neon_i8mm},
 #endif
 };
 constexpr int kNumLevels = sizeof(kLevels) / sizeof(kLevels[0]);

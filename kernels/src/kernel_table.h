@@ -73,7 +73,7 @@ struct AttnChunk {
   float* m;              // [R]
   float* l;              // [R]
   float* acc;            // [R, hd]
-  float* scratch;        // R * 64 + 64 * hd floats
+  float* scratch;        // R * 64 + 80 * hd floats
 };
 using AttnChunkFn = void (*)(const AttnChunk& a);
 
@@ -120,6 +120,7 @@ void install_avx2(KernelTable& t);
 void install_avx512(KernelTable& t);
 void install_neon(KernelTable& t);
 void install_neon_dotprod(KernelTable& t);
+void install_neon_i8mm(KernelTable& t);
 
 inline int attn_index(Format f) { return f == Format::q8_0 ? 1 : 0; }
 

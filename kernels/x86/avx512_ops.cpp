@@ -4,7 +4,6 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
-#include <vector>
 
 #include "kernel_table.h"
 #include "x86_common.h"
@@ -60,12 +59,10 @@ inline void transpose16(__m512 r[16]) {
 
 constexpr int kSlots = 64;  // columns of kt (attention.cpp's chunk)
 
+// rows: 16 * hd floats of staging.
 template <bool Q8>
-void k_transposed(const AttnChunk& a, float* kt) {
+void k_transposed(const AttnChunk& a, float* kt, float* rows) {
   const int64_t hd = a.hd, c = a.c;
-  thread_local std::vector<float> staging;  // 16 slots' rows
-  if (staging.size() < static_cast<size_t>(16 * hd)) staging.resize(static_cast<size_t>(16 * hd));
-  float* rows = staging.data();
   for (int64_t j0 = 0; j0 < kSlots; j0 += 16) {
     for (int64_t j = 0; j < 16; ++j) {
       if (j0 + j < c) {
@@ -171,7 +168,7 @@ void attn_chunk(const AttnChunk& a) {
   float* s = a.scratch;                  // [R, 64] scores, then probabilities
   float* kv = a.scratch + R * kSlots;    // [hd, 64] K transposed, then [c, hd] V rows
   const float ninf = -std::numeric_limits<float>::infinity();
-  k_transposed<Q8>(a, kv);
+  k_transposed<Q8>(a, kv, kv + kSlots * hd);  // staged through the 16 rows after it
   int64_t r = 0;
   for (; r + 4 <= R; r += 4) score_tile<4>(a, kv, r, s);
   for (; r < R; ++r) score_tile<1>(a, kv, r, s);
