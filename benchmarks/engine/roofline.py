@@ -62,7 +62,11 @@ def weight_bytes_per_token(engine) -> dict[str, int]:
     for name, t in tensors.items():
         if not name.startswith("blk."):
             continue
-        role = ROLES.get(name.split(".", 2)[2], "vectors")
+        role = ROLES.get(name.split(".", 2)[2])
+        if role is None:  # norms and biases; a bundle's neuron predictors are not read by a dense step
+            if len(t.shape) != 1:
+                continue
+            role = "vectors"
         out[role] = out.get(role, 0) + held(t)
     head = tensors["token_embd.weight" if spec.tied_embeddings else "output.weight"]
     out["head (tied embedding)" if spec.tied_embeddings else "head"] = held(head)
