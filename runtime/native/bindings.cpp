@@ -139,6 +139,16 @@ class PyEngine {
                                                 name.c_str());
   }
 
+  // Layers [0, n) read the target engine's own layer weights (a self-drafting engine runs the
+  // target's first layers): no copy, whatever layout the target laid them out in.
+  void share_layers(PyEngine& target, int64_t n) {
+    if (n < 1 || n > shape().n_layers || n > target.shape().n_layers)
+      throw KernelError("share_layers: " + std::to_string(n) + " layers do not fit both engines");
+    if (shape().d_model != target.shape().d_model || shape().d_ff != target.shape().d_ff)
+      throw KernelError("share_layers: the engines' layer shapes differ");
+    for (int64_t l = 0; l < n; ++l) layers_.at(l) = target.layers_.at(l);
+  }
+
   // `out`: float32 [len(logit_rows), vocab] logits, or int32 [len(logit_rows)] for the argmax only.
   void forward(const In& tokens, const In& positions, std::optional<In> tree_mask, const In& logit_rows, Out out) {
     const int64_t n = static_cast<int64_t>(tokens.size());
@@ -325,6 +335,8 @@ void bind_engine(nb::module_& m) {
            "Set a layer matrix; with panels, lay it out for the kernels now (returns whether it was copied); "
            "with drop_source (raw is a read-only file mapping), its pages are dropped as they are copied.")
       .def("set_vector", &PyEngine::set_vector)
+      .def("share_layers", &PyEngine::share_layers, nb::arg("target"), nb::arg("layers"), nb::keep_alive<1, 2>(),
+           "Run layers [0, layers) on the target engine's own layer weights (kept alive with this engine).")
       .def("forward", &PyEngine::forward, nb::arg("tokens"), nb::arg("positions"), nb::arg("tree_mask").none(),
            nb::arg("logit_rows"), nb::arg("out"))
       .def("commit", &PyEngine::commit)
