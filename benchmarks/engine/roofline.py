@@ -44,8 +44,9 @@ ROLES = {
     "ffn_gate.weight": "gate",
     "ffn_up.weight": "up",
     "ffn_down.weight": "down",
+    "ffn_arena": "ffn arena (gate, up, down)",  # a format-3 bundle's one copy of the FFN
 }
-GEMV_OPS = ("gemv_qkv", "gemv_o", "gemv_ffn_in", "gemv_ffn_down", "gemv_head")
+GEMV_OPS = ("gemv_qkv", "gemv_o", "gemv_ffn_in", "gemv_ffn_down", "ffn_arena", "gemv_head")
 
 
 def weight_bytes_per_token(engine) -> dict[str, int]:

@@ -3,6 +3,7 @@
 // Every buffer the engine reads is checked here and kept alive for as long as the engine may read it.
 #include "bind_engine.h"
 
+#include <nanobind/ndarray.h>
 #include <nanobind/stl/optional.h>
 #include <nanobind/stl/pair.h>
 #include <nanobind/stl/string.h>
@@ -41,6 +42,28 @@ Slot slot_named(const std::string& name) {
   return s;
 }
 
+// Partial sums completed by a Python callable `fn(point, layer, x)` that sums the float32 array x
+// over ranks in place (an MPI all-reduce); x is a view of the engine's buffer, valid during the call.
+class PyPartialSums : public PartialSums {
+ public:
+  explicit PyPartialSums(nb::callable fn) : fn_(std::move(fn)) {}
+  void complete(Point point, int64_t layer, float* x, int64_t count) override {
+    nb::gil_scoped_acquire gil;
+    try {
+      const size_t shape[1] = {static_cast<size_t>(count)};
+      // A view of the engine's buffer (rv_policy::reference: no copy, so the sum lands in place).
+      nb::object view = nb::cast(nb::ndarray<nb::numpy, float, nb::ndim<1>>(x, 1, shape, nb::handle()),
+                                 nb::rv_policy::reference);
+      fn_(static_cast<int>(point), layer, view);
+    } catch (nb::python_error& e) {  // the engine is C++ all the way up to the bindings: carry the message
+      throw KernelError(std::string("completing partial sums across ranks failed: ") + e.what());
+    }
+  }
+
+ private:
+  nb::callable fn_;
+};
+
 // Owns the engine, the resident layer table, the streaming parts and references to every array
 // the engine reads.
 class PyEngine {
@@ -54,22 +77,26 @@ class PyEngine {
     engine_->set_layer_source(&layers_);
   }
 
-  // A weight matrix the engine reads. With `panels`, a format the kernels run faster from the
-  // panel layout is copied into it now (the copy is the engine's; `raw` is not kept); *packed says
-  // whether it was. With `drop_source` (raw is a read-only file mapping), the file's pages are
-  // dropped from this process slice by slice as they are copied, so a matrix is never resident
-  // twice, not even while it is being laid out.
-  WeightMatrix matrix(const In& raw, const std::string& fmt, int64_t rows, int64_t cols, bool panels = false,
-                      bool* packed = nullptr, bool drop_source = false) {
+  // A weight matrix the engine reads. `stride` > 0: rows lie `stride` bytes apart (a neuron
+  // arena's bundles), else packed. With `panels`, a packed matrix in a format the kernels run
+  // faster from the panel layout is copied into it now (the copy is the engine's; `raw` is not
+  // kept); *packed says whether it was. With `drop_source` (raw is a read-only file mapping), the
+  // file's pages are dropped from this process slice by slice as they are copied, so a matrix is
+  // never resident twice, not even while it is being laid out.
+  WeightMatrix matrix(const In& raw, const std::string& fmt, int64_t rows, int64_t cols, size_t stride = 0,
+                      bool panels = false, bool* packed = nullptr, bool drop_source = false) {
     const Format f = fmt_of(fmt);
     const size_t rb = row_bytes(f, cols);
-    const size_t need = static_cast<size_t>(rows) * rb;
+    if (stride && stride < rb)
+      throw KernelError("row stride " + std::to_string(stride) + " is shorter than a row of " + fmt + " x " +
+                        std::to_string(cols));
+    const size_t need = static_cast<size_t>(rows) * (stride ? stride : rb);
     if (nbytes(raw) != need)
       throw KernelError("weight buffer has " + std::to_string(nbytes(raw)) + " bytes, " + std::to_string(rows) +
                         " rows of " + fmt + " x " + std::to_string(cols) + " need " + std::to_string(need));
-    const WeightMatrix w{bytes(raw, "weights"), need, f, rows, cols, 0};
+    const WeightMatrix w{bytes(raw, "weights"), need, f, rows, cols, stride};
     if (packed) *packed = false;
-    if (panels && prefers_panels(f)) {
+    if (panels && !stride && prefers_panels(f)) {
       memory::AlignedBuffer buf(panel_bytes(f, rows, cols));
       {
         nb::gil_scoped_release release;
@@ -97,14 +124,14 @@ class PyEngine {
   }
 
   void set_embedding(const In& raw, const std::string& fmt, int64_t rows, int64_t cols) {
-    check_dims(rows, shape().vocab, cols, shape().d_model, "embedding");
+    check_dims(rows, vocab_rows(), cols, shape().d_model, "embedding");
     engine_->set_embedding(matrix(raw, fmt, rows, cols));
   }
 
   bool set_head(const In& raw, const std::string& fmt, int64_t rows, int64_t cols, bool panels, bool drop_source) {
-    check_dims(rows, shape().vocab, cols, shape().d_model, "head");
+    check_dims(rows, vocab_rows(), cols, shape().d_model, "head");
     bool packed = false;
-    engine_->set_head(matrix(raw, fmt, rows, cols, panels, &packed, drop_source));
+    engine_->set_head(matrix(raw, fmt, rows, cols, 0, panels, &packed, drop_source));
     return packed;
   }
 
@@ -121,13 +148,15 @@ class PyEngine {
   }
 
   bool set_matrix(int64_t layer, const std::string& name, const In& raw, const std::string& fmt, int64_t rows,
-                  int64_t cols, bool panels, bool drop_source) {
+                  int64_t cols, size_t stride, bool panels, bool drop_source) {
     const Slot slot = slot_named(name);
     if (!is_matrix(slot)) throw KernelError("'" + name + "' is a vector, not a matrix");
+    if ((slot == Slot::ffn_arena) != (stride > 0))
+      throw KernelError("'" + name + "': only an FFN arena has a row stride (one neuron bundle)");
     const auto [want_rows, want_cols] = slot_dims(shape(), slot);
     check_dims(rows, want_rows, cols, want_cols, name);
     bool packed = false;
-    layer_at(layer).matrix(slot) = matrix(raw, fmt, rows, cols, panels, &packed, drop_source);
+    layer_at(layer).matrix(slot) = matrix(raw, fmt, rows, cols, stride, panels, &packed, drop_source);
     return packed;
   }
 
@@ -180,13 +209,13 @@ class PyEngine {
         if (u.layer >= 0) {
           const auto [want_rows, want_cols] = slot_dims(shape(), t.target);
           check_dims(t.rows, want_rows, t.cols, want_cols, slot_info(t.target).name);
-        } else if (t.cols != shape().d_model || u.head_row0 < 0 || u.head_row0 + t.rows > shape().vocab) {
+        } else if (t.cols != shape().d_model || u.head_row0 < 0 || u.head_row0 + t.rows > vocab_rows()) {
           throw KernelError("head chunk rows or columns do not fit the model");
         }
       }
     }
     if (plan.stream_embedding)
-      check_dims(plan.embedding.rows, shape().vocab, plan.embedding.cols, shape().d_model, "embedding");
+      check_dims(plan.embedding.rows, vocab_rows(), plan.embedding.cols, shape().d_model, "embedding");
     reader_ = std::make_shared<memory::DirectReader>(plan.path, plan.direct, plan.io_threads, plan.chunk_bytes);
     streaming_ = std::make_unique<memory::StreamingWeights>(reader_, &layers_, shape().n_layers, plan.units,
                                                             plan.slots, plan.staging_bytes, plan.prefetch);
@@ -242,6 +271,14 @@ class PyEngine {
     return out;
   }
 
+  void set_ffn_thresholds(std::vector<float> thresholds) { engine_->set_ffn_thresholds(std::move(thresholds)); }
+  void set_arena_down_format(int64_t layer, const std::string& fmt) { engine_->set_arena_down_format(layer, fmt_of(fmt)); }
+  // Tensor parallelism: `fn(point, layer, x)` sums x over the ranks in place (PyPartialSums).
+  void set_partial_sums(nb::callable fn) {
+    partial_sums_ = std::make_unique<PyPartialSums>(std::move(fn));
+    engine_->set_partial_sums(partial_sums_.get());
+  }
+
   int64_t truncate(int64_t n) { return engine_->truncate(n); }
   int64_t committed() const { return engine_->committed(); }
   EngineMemory memory() const { return engine_->memory(); }
@@ -249,6 +286,7 @@ class PyEngine {
 
  private:
   const ModelShape& shape() const { return engine_->shape(); }
+  int64_t vocab_rows() const { return shape().vocab_end - shape().vocab_begin; }  // embedding and head rows held
 
   LayerWeights& layer_at(int64_t layer) {
     if (layer < 0 || layer >= shape().n_layers) throw KernelError("layer index out of range");
@@ -260,6 +298,7 @@ class PyEngine {
   std::unique_ptr<memory::StreamingWeights> streaming_;
   std::unique_ptr<memory::StreamedEmbedding> embedding_;
   std::unique_ptr<memory::NeuronCacheFfn> sparse_;
+  std::unique_ptr<PyPartialSums> partial_sums_;
   std::unique_ptr<Engine> engine_;  // declared last: destroyed first, before what it reads
   std::vector<In> keep_;  // every array the engine reads stays alive with it
   std::vector<memory::AlignedBuffer> panels_;  // matrices laid out in panels at load
@@ -294,7 +333,9 @@ void bind_engine(nb::module_& m) {
           "activation", [](const ModelShape& s) { return std::string(s.act == Activation::silu ? "silu" : "gelu_tanh"); },
           [](ModelShape& s, const std::string& name) { s.act = act_of(name); })
       .def_rw("qk_norm", &ModelShape::qk_norm)
-      .def_rw("sandwich_norm", &ModelShape::sandwich_norm);
+      .def_rw("sandwich_norm", &ModelShape::sandwich_norm)
+      .def_rw("vocab_begin", &ModelShape::vocab_begin)
+      .def_rw("vocab_end", &ModelShape::vocab_end);
 
   nb::class_<LayerShape>(m, "LayerShape")
       .def(nb::init<>())
@@ -331,9 +372,11 @@ void bind_engine(nb::module_& m) {
       .def("set_output_norm", &PyEngine::set_output_norm)
       .def("set_head_shortlist", &PyEngine::set_head_shortlist)
       .def("set_matrix", &PyEngine::set_matrix, nb::arg("layer"), nb::arg("name"), nb::arg("raw"), nb::arg("fmt"),
-           nb::arg("rows"), nb::arg("cols"), nb::arg("panels") = false, nb::arg("drop_source") = false,
-           "Set a layer matrix; with panels, lay it out for the kernels now (returns whether it was copied); "
-           "with drop_source (raw is a read-only file mapping), its pages are dropped as they are copied.")
+           nb::arg("rows"), nb::arg("cols"), nb::arg("stride") = 0, nb::arg("panels") = false,
+           nb::arg("drop_source") = false,
+           "Set a layer matrix; stride > 0 only for an FFN arena (bytes from one neuron bundle to the next); "
+           "with panels, lay it out for the kernels now (returns whether it was copied); with drop_source "
+           "(raw is a read-only file mapping), its pages are dropped as they are copied.")
       .def("set_vector", &PyEngine::set_vector)
       .def("share_layers", &PyEngine::share_layers, nb::arg("target"), nb::arg("layers"), nb::keep_alive<1, 2>(),
            "Run layers [0, layers) on the target engine's own layer weights (kept alive with this engine).")
@@ -347,6 +390,9 @@ void bind_engine(nb::module_& m) {
       .def("set_streaming", &PyEngine::set_streaming, nb::arg("plan"))
       .def("set_sparse_ffn", &PyEngine::set_sparse_ffn, nb::arg("layers"), nb::arg("gate"), nb::arg("up"),
            nb::arg("down"), nb::arg("capacity"), nb::arg("window"))
+      .def("set_ffn_thresholds", &PyEngine::set_ffn_thresholds, nb::arg("thresholds"))
+      .def("set_arena_down_format", &PyEngine::set_arena_down_format, nb::arg("layer"), nb::arg("fmt"))
+      .def("set_partial_sums", &PyEngine::set_partial_sums, nb::arg("fn"))
       .def("reader_stats", &PyEngine::reader_stats)
       .def("stream_stats", &PyEngine::stream_stats)
       .def("neuron_stats", &PyEngine::neuron_stats)

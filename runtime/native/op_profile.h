@@ -20,6 +20,7 @@ enum class Op : int {
   ffn_act,        // act(gate) * up
   gemv_ffn_down,  // down projection
   ffn_hook,       // a replacement FFN (sparse mode)
+  ffn_arena,      // the dense FFN read from a bundle's neuron arena (gate, up, act and down in one kernel)
   gemv_head,      // logits or their argmax
   weights_wait,   // a layer source's acquire (streaming: waiting for flash)
   count
@@ -28,7 +29,8 @@ constexpr int kOpCount = static_cast<int>(Op::count);
 
 inline const char* op_name(Op op) {
   static const char* const kNames[kOpCount] = {"forward", "gemv_qkv", "attention", "gemv_o", "gemv_ffn_in",
-                                               "ffn_act", "gemv_ffn_down", "ffn_hook", "gemv_head",
+                                               "ffn_act", "gemv_ffn_down", "ffn_hook", "ffn_arena",
+                                               "gemv_head",
                                                "weights_wait"};
   return kNames[static_cast<int>(op)];
 }

@@ -157,7 +157,7 @@ def _self_engine(engine: Any, layers: int | None, shortlist: int | None) -> Any:
     layers = layers or max(1, n // 4)
     if tensors is not None:  # a budgeted target: only layers it keeps resident can be shared
         resident = 0
-        while resident < n and all(name in tensors for name in _layer_matrices(resident)):
+        while resident < n and all(name in tensors for name in _layer_matrices(resident, tensors)):
             resident += 1
         if resident == 0:
             raise UserError("self-drafting needs the first layers resident; this budget keeps none")
@@ -165,9 +165,10 @@ def _self_engine(engine: Any, layers: int | None, shortlist: int | None) -> Any:
     return self_draft_engine(engine, layers, shortlist or DEFAULT_SHORTLIST, tensors)
 
 
-def _layer_matrices(layer: int) -> list[str]:
-    return [f"blk.{layer}.{n}" for n in ("attn_q.weight", "attn_k.weight", "attn_v.weight", "attn_output.weight",
-                                         "ffn_gate.weight", "ffn_up.weight", "ffn_down.weight")]
+def _layer_matrices(layer: int, tensors: dict) -> list[str]:
+    ffn = ("ffn_arena",) if f"blk.{layer}.ffn_arena" in tensors else ("ffn_gate.weight", "ffn_up.weight",
+                                                                       "ffn_down.weight")
+    return [f"blk.{layer}.{n}" for n in ("attn_q.weight", "attn_k.weight", "attn_v.weight", "attn_output.weight", *ffn)]
 
 
 def _draft_model(path: str, target: Any) -> Any:

@@ -1,5 +1,6 @@
 """The web chat page end to end in headless Chromium: type a question, press Enter, wait for the
-streamed answer, screenshot it, and check the answer is the model's and is visible on screen."""
+streamed answer, screenshot it, and check the answer is the model's, sensible and visible on screen.
+The page talks to the default model, as `edgeflash serve` shows a new user."""
 
 from __future__ import annotations
 
@@ -18,7 +19,7 @@ LAST_REPLY = "[...document.querySelectorAll('.msg.assistant')].at(-1)"
 def test_web_chat_streams_an_answer_in_chromium(web_server):
     import edgeflash as ef
 
-    oracle = ef.load("smollm2-135m")
+    oracle = ef.load("default")
     want = oracle.chat([{"role": "user", "content": QUESTION}], MAX_TOKENS, temperature=0.0)
     oracle.close()
 
@@ -42,6 +43,7 @@ def test_web_chat_streams_an_answer_in_chromium(web_server):
             stats: document.getElementById('stats').textContent }}; }})()""")
         assert reply["question"] == QUESTION
         assert reply["text"] == want.text and reply["finish"] == want.finish_reason
+        assert "Paris" in reply["text"], reply["text"]
         assert reply["pieces"] >= 2, "the answer arrived in one piece: not streamed"
         assert "tok/s" in reply["stats"] and "MiB" in reply["stats"], reply["stats"]
         assert reply["meta"] == reply["stats"]

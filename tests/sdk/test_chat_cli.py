@@ -119,3 +119,15 @@ def test_chat_through_a_pipe(replies):
     assert lines[0] == replies["a1"].text
     assert lines[1].startswith(f"last reply: {len(replies['a1'].tokens)} tokens")
     assert "unknown command /nonsense" in proc.stdout
+
+
+def test_the_default_model_answers_a_first_question():
+    """The README's first command: the default model (an instruct model) with the default sampling
+    answers with the capital, for several seeds."""
+    edgeflash = os.path.join(os.path.dirname(sys.executable), "edgeflash")
+    for seed in (1, 2, 3):
+        proc = subprocess.run([edgeflash, "chat", "-n", "32", "--seed", str(seed)],
+                              input="What is the capital of France?\n", capture_output=True, text=True,
+                              check=False, timeout=600)
+        assert proc.returncode == 0, proc.stderr
+        assert "Paris" in proc.stdout, proc.stdout
