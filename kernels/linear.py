@@ -106,6 +106,21 @@ def matmul_rows(w: object, fmt: str, rows: object, x: object, out: np.ndarray | 
     return out
 
 
+def matmul_columns(w: object, fmt: str, h: object, out: np.ndarray | None = None) -> np.ndarray:
+    """A matrix stored by columns (row r of W is column r of the product, e.g. a neuron's down column):
+    y[t] = sum_r h[t, r] * W[r]   -> [n, cols] (or [cols] for a 1-D h)."""
+    h0 = array("h", h, np.float32, (1, 2))
+    w, rows, cols = weight_matrix(w, fmt)
+    h = np.ascontiguousarray(h0.reshape(-1, h0.shape[-1]))
+    if h.shape[1] != rows:
+        raise ValueError(f"h has {h.shape[1]} values per token, the matrix has {rows} rows")
+    n = h.shape[0]
+    shape = (cols,) if h0.ndim == 1 else (n, cols)
+    out = out_array("out", out, shape, inputs=(("h", h), ("w", w)))
+    _native.matmul_columns(w, fmt, rows, cols, 0, h, n, out)
+    return out
+
+
 def dequantize(w: object, fmt: str, cols: int, rows: object = None) -> np.ndarray:
     """f32 [rows, cols] from a weight matrix in `fmt` (optionally only the listed rows, in order)."""
     w, n_rows, cols = weight_matrix(w, fmt, cols)

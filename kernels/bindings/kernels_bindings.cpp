@@ -118,6 +118,14 @@ void ef::bind_kernels(nb::module_& m) {
     nb::gil_scoped_release release;
     ef::matmul_rows(wm, ip, k, xp, n, yp, precise ? ef::ActPrecision::f32 : ef::ActPrecision::q8);
   });
+  m.def("matmul_columns", [](In w, const std::string& fmt, int64_t rows, int64_t cols, size_t stride, In h, int64_t n,
+                             Out y) {
+    const ef::WeightMatrix wm = weights(w, fmt, rows, cols, stride);
+    const float* hp = ptr<float>(h, static_cast<size_t>(n * rows), "h");
+    float* yp = ptr<float>(y, static_cast<size_t>(n * cols), "out");
+    nb::gil_scoped_release release;
+    ef::matmul_columns(wm, hp, n, yp);
+  });
   m.def("dequantize", [](In w, const std::string& fmt, int64_t rows, int64_t cols, size_t stride,
                          std::optional<In> ids, Out out) {
     const ef::WeightMatrix wm = weights(w, fmt, rows, cols, stride);

@@ -157,7 +157,50 @@ class PyEngine {
     check_dims(rows, want_rows, cols, want_cols, name);
     bool packed = false;
     layer_at(layer).matrix(slot) = matrix(raw, fmt, rows, cols, stride, panels, &packed, drop_source);
+    if (slot == Slot::ffn_arena && panels && prefers_panels(fmt_of(fmt)))
+      packed = lay_out_arena(layer, layer_at(layer).ffn_arena, drop_source);
     return packed;
+  }
+
+  // A bundle's FFN arena laid out for the kernels: its gate and up rows copied into panels (run in
+  // one pass on int8 activations like dense matrices) and its down columns into rows of their own
+  // (the column product), slice by slice, the file's pages dropped as they are copied (with
+  // `drop_source`), so the arena is never resident twice. The arena itself stays set (its pages
+  // come back only for a run with gate thresholds, which reads neurons through it).
+  bool lay_out_arena(int64_t layer, const WeightMatrix& a, bool drop_source) {
+    const Format f = a.fmt, fd = engine_->arena_down_format(layer, f);
+    const int64_t rows = a.rows, cols = a.cols;
+    const size_t rb = row_bytes(f, cols), rbd = row_bytes(fd, cols);
+    memory::AlignedBuffer gate(panel_bytes(f, rows, cols)), up(panel_bytes(f, rows, cols));
+    memory::AlignedBuffer down(static_cast<size_t>(rows) * rbd);
+    {
+      nb::gil_scoped_release release;
+      const int64_t slice = std::max<int64_t>(kPanelRows, static_cast<int64_t>((4u << 20) / a.stride) / kPanelRows * kPanelRows);
+      const uintptr_t page = static_cast<uintptr_t>(sysconf(_SC_PAGESIZE));
+      uintptr_t dropped = (reinterpret_cast<uintptr_t>(a.data) + page - 1) / page * page;
+      for (int64_t r0 = 0; r0 < rows; r0 += slice) {
+        const int64_t n = std::min(slice, rows - r0);
+        const uint8_t* base = a.data + static_cast<size_t>(r0) * a.stride;
+        const size_t span = static_cast<size_t>(n - 1) * a.stride + 2 * rb;
+        pack_panels(WeightMatrix{base, span, f, n, cols, a.stride}, gate.data() + r0 * rb, panel_bytes(f, n, cols));
+        pack_panels(WeightMatrix{base + rb, span - rb, f, n, cols, a.stride}, up.data() + r0 * rb,
+                    panel_bytes(f, n, cols));
+        for (int64_t r = 0; r < n; ++r) std::memcpy(down.data() + (r0 + r) * rbd, base + r * a.stride + 2 * rb, rbd);
+        const uintptr_t end = reinterpret_cast<uintptr_t>(base + static_cast<size_t>(n) * a.stride) / page * page;
+        if (drop_source && end > dropped) {
+          ::madvise(reinterpret_cast<void*>(dropped), end - dropped, MADV_DONTNEED);
+          dropped = end;
+        }
+      }
+    }
+    LayerWeights& w = layer_at(layer);
+    w.gate = WeightMatrix{gate.data(), gate.size(), f, rows, cols, 0, Layout::panels};
+    w.up = WeightMatrix{up.data(), up.size(), f, rows, cols, 0, Layout::panels};
+    w.down_columns = WeightMatrix{down.data(), down.size(), fd, rows, cols, 0};
+    panels_.push_back(std::move(gate));
+    panels_.push_back(std::move(up));
+    panels_.push_back(std::move(down));
+    return true;
   }
 
   void set_vector(int64_t layer, const std::string& name, const In& values) {

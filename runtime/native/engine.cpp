@@ -202,6 +202,18 @@ void Engine::set_arena_down_format(int64_t layer, Format fmt) {
   arena_down_[layer] = static_cast<int>(fmt);
 }
 
+void Engine::arena_parts(int64_t layer, const WeightMatrix& a, WeightMatrix* gate_up, WeightMatrix* down) const {
+  if (a.rows != shape_.d_ff || a.cols != shape_.d_model || !a.stride)
+    throw engine_error("an FFN arena must hold d_ff neuron bundles of d_model values with a stride");
+  const size_t rb = row_bytes(a.fmt, a.cols);
+  const Format fd = arena_down_format(layer, a.fmt);
+  if (a.size_bytes < static_cast<size_t>(a.rows - 1) * a.stride + 2 * rb + row_bytes(fd, a.cols))
+    throw engine_error("an FFN arena is smaller than its neuron bundles");
+  gate_up[0] = WeightMatrix{a.data, a.size_bytes, a.fmt, a.rows, a.cols, a.stride};
+  gate_up[1] = WeightMatrix{a.data + rb, a.size_bytes - rb, a.fmt, a.rows, a.cols, a.stride};
+  *down = WeightMatrix{a.data + 2 * rb, a.size_bytes - 2 * rb, fd, a.rows, a.cols, a.stride};
+}
+
 void Engine::ffn_from_arena(int64_t layer, const WeightMatrix& w, const float* x, int64_t n, float* out) {
   if (w.rows != shape_.d_ff || w.cols != shape_.d_model || !w.stride)
     throw engine_error("an FFN arena must hold d_ff neuron bundles of d_model values with a stride");
@@ -237,6 +249,7 @@ void Engine::check_layer(int64_t layer, const LayerWeights& w) const {
   const bool ffn_elsewhere = (ffn_hook_ && ffn_hook_->active(layer)) || w.ffn_arena.data;
   for (const auto& [m, name] : matrices) {
     const bool ffn_matrix = m == &w.gate || m == &w.up || m == &w.down;
+    if (m == &w.down && w.down_columns.data) continue;
     if (!m->data && !(ffn_matrix && ffn_elsewhere))
       throw engine_error("layer " + std::to_string(layer) + " has no " + name + " weights");
   }
@@ -307,10 +320,29 @@ void Engine::run_block(int64_t layer, const LayerWeights& w, int64_t n, const in
     OpTimer timer(prof(), Op::ffn_hook);
     ffn_hook_->compute(layer, w, h, n, sel_.data());  // sel_ is free until the logits
     std::memcpy(h, sel_.data(), static_cast<size_t>(n * d) * sizeof(float));
-  } else if (w.ffn_arena.data) {
-    OpTimer timer(prof(), Op::ffn_arena);
+  } else if (w.ffn_arena.data && !ffn_thresholds_.empty() && ffn_thresholds_[layer] > 0.0f) {
+    OpTimer timer(prof(), Op::ffn_arena);  // neurons below the gate threshold skipped: the sparse kernel
     ffn_from_arena(layer, w.ffn_arena, h, n, sel_.data());
     std::memcpy(h, sel_.data(), static_cast<size_t>(n * d) * sizeof(float));
+  } else if (w.ffn_arena.data) {
+    // A bundle's one copy of the FFN, laid out at load (gate and up in panels, down columns in rows
+    // of their own) or read in place (strided rows of the arena): gate and up in one pass on int8
+    // activations, then the down columns' product. Both give the same numbers (the row and panel
+    // kernels run the same arithmetic), so a streamed arena equals a resident one.
+    WeightMatrix gate_up[2] = {w.gate, w.up};
+    WeightMatrix down = w.down_columns;
+    if (!down.data) arena_parts(layer, w.ffn_arena, gate_up, &down);
+    {
+      OpTimer timer(prof(), Op::gemv_ffn_in);
+      float* const out[2] = {gate_.data(), up_.data()};
+      linear_multi(gate_up, out, 2, h, xq_, false, n);
+    }
+    {
+      OpTimer timer(prof(), Op::ffn_act);
+      gated_act(gate_.data(), up_.data(), gate_.data(), n * s.d_ff, s.act);
+    }
+    OpTimer timer(prof(), Op::gemv_ffn_down);
+    matmul_columns(down, gate_.data(), n, h);
   } else {
     {
       OpTimer timer(prof(), Op::gemv_ffn_in);

@@ -100,6 +100,9 @@ class Engine {
   // format: 4-bit arenas keep down at 5 bits (a block of a column spans 32 output dimensions,
   // and the residual stream's outlier dimensions cost a 4-bit column more than a 4-bit row).
   void set_arena_down_format(int64_t layer, Format fmt);
+  Format arena_down_format(int64_t layer, Format arena_fmt) const {  // of the arena's down columns
+    return arena_down_[layer] < 0 ? arena_fmt : static_cast<Format>(arena_down_[layer]);
+  }
   void set_partial_sums(PartialSums* sums) { partial_sums_ = sums; }  // null = one process holds everything
 
   // Run `n` new tokens (n <= max_batch). positions[j] is token j's position; tree_mask (n x n,
@@ -149,6 +152,8 @@ class Engine {
   // Matrices reading the same input in one pass (q, k, v; gate, up): ys[i] = ws[i] x.
   void linear_multi(const WeightMatrix* ws, float* const* ys, int count, const float* x, QuantizedActs& xq,
                     bool xq_ready, int64_t n);
+  // The gate, up and down parts of an arena as strided matrices (read in place).
+  void arena_parts(int64_t layer, const WeightMatrix& a, WeightMatrix* gate_up, WeightMatrix* down) const;
   void ffn_from_arena(int64_t layer, const WeightMatrix& arena, const float* x, int64_t n, float* out);
   void build_attention_mask(int64_t layer, int64_t n, const uint8_t* tree_mask);
   void embed(const int32_t* tokens, int64_t n, float* x);

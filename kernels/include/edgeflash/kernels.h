@@ -86,6 +86,9 @@ void matmul(const WeightMatrix& w, const QuantizedActs& xq, float* y);
 // the thread pool (q, k and v of a layer; gate and up): ys[i] = [n, ws[i].rows]. One hand-off to
 // the workers instead of one per matrix, and the work split over all their rows at once.
 void matmul_multi(const WeightMatrix* ws, float* const* ys, int count, const QuantizedActs& xq);
+// A matrix stored by columns (row r of w holds the r-th column, `cols` values: a neuron's down
+// column in a bundle's arena): y[t, :] = sum_r h[t, r] * w[r, :]   h: [n, rows], y: [n, cols] f32.
+void matmul_columns(const WeightMatrix& w, const float* h, int64_t n, float* y);
 // Only the listed rows: y[t, i] = W[rows[i]] . x[t]   y: [n, n_rows] (e.g. a shortlist of the LM head).
 void matmul_rows(const WeightMatrix& w, const int32_t* rows, int64_t n_rows, const float* x, int64_t n, float* y,
                  ActPrecision prec = ActPrecision::q8);
