@@ -22,5 +22,7 @@ void install_avx512(KernelTable& t) {
   t.gemm_q8_panels[int(Format::q6_k)].set(gemm_q8_packed<PQ6_K>, n);
   void install_avx512_ops(KernelTable & t);
   install_avx512_ops(t);
+  void install_avx512_down(KernelTable & t);
+  install_avx512_down(t);
 }
 }  // namespace ef
