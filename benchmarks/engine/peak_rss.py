@@ -20,7 +20,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(HERE.parent / "results"))
-from bench_models import MODELS, ensure_bundle, gguf_path  # noqa: E402
+from bench_models import MODELS, ensure_bundle, gguf_path
 
 MEASURE = r"""
 import gc, json, sys
@@ -50,7 +50,8 @@ print(json.dumps({"peak_delta": peak_rss_bytes() - before, "weights": stats["wei
 
 
 def measure(path: Path) -> dict:
-    proc = subprocess.run([sys.executable, "-c", MEASURE, str(path)], capture_output=True, text=True, timeout=900)
+    proc = subprocess.run([sys.executable, "-c", MEASURE, str(path)], capture_output=True, text=True, timeout=900,
+                          check=False)
     if proc.returncode != 0:
         raise SystemExit(f"{path}: {proc.stderr.strip().splitlines()[-1] if proc.stderr.strip() else proc.returncode}")
     m = json.loads(proc.stdout.strip().splitlines()[-1])
