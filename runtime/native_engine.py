@@ -29,13 +29,32 @@ LAYER_SLOTS: dict[str, str] = {tensor: slot for slot, tensor in _native.layer_sl
 MATRIX_SLOTS = frozenset(slot for slot, _ in _native.layer_slots()[:_native.MATRIX_SLOTS])
 
 
-def _file_backed(raw: np.ndarray) -> bool:
-    """Whether `raw` is a view into a read-only file mapping, whose pages may be dropped from this
-    process (they are re-read from the page cache if touched again)."""
+def _file_map(raw: np.ndarray) -> mmap.mmap | None:
+    """The read-only file mapping `raw` is a view into, if any."""
     owner = raw
     while owner is not None and not isinstance(owner, mmap.mmap):
         owner = getattr(owner, "base", None) if not isinstance(owner, memoryview) else owner.obj
-    return owner is not None and hasattr(mmap, "MADV_DONTNEED")
+    return owner
+
+
+def _file_backed(raw: np.ndarray) -> bool:
+    """Whether `raw` is a view into a read-only file mapping, whose pages may be dropped from this
+    process (they are re-read from the page cache if touched again)."""
+    return _file_map(raw) is not None and hasattr(mmap, "MADV_DONTNEED")
+
+
+def _drop_file_pages(raw: np.ndarray) -> None:
+    """Drops this process's pages of the whole pages inside `raw`'s bytes of a file mapping. A page
+    fault on a file in the page cache may map a whole large folio, well past the bytes read: the
+    pages of tensors never read, or already copied, would otherwise stay resident."""
+    owner = _file_map(raw)
+    if owner is None or not hasattr(mmap, "MADV_DONTNEED"):
+        return
+    offset = raw.ctypes.data - np.frombuffer(owner, np.uint8).ctypes.data
+    page = mmap.PAGESIZE
+    start, end = -(-offset // page) * page, (offset + raw.nbytes) // page * page
+    if end > start:
+        owner.madvise(mmap.MADV_DONTNEED, start, end - start)
 
 
 class WeightSource(Protocol):
@@ -124,6 +143,10 @@ class NativeEngine:
                                       drop_source=_file_backed(w.raw))
                 else:
                     native.set_vector(layer, slot, self._vector(t[prefix + tensor]))
+            if panels:  # what the layer's faults mapped besides the pages read: back to the file
+                for name, w in t.items():
+                    if name.startswith(prefix) and w.raw.flags.c_contiguous:
+                        _drop_file_pages(w.raw)
 
     def _matrix(self, tensor: Tensor) -> tuple[np.ndarray, str, int, int]:
         """(raw bytes, format, rows, cols), converting formats the kernels do not run."""
