@@ -7,6 +7,7 @@
 // Each output is the same sequence of operations in any tile: acc = 0, acc += h_i * w_i for the
 // neurons in order, then out += acc, so a token's result does not depend on the batch around it.
 #include <algorithm>
+#include <vector>
 
 #include "kernel_table.h"
 #include "x86_common.h"
@@ -96,12 +97,62 @@ inline void down_blocks(const uint8_t* const* rows, const float* h, int64_t cnt,
     if (b < nb) down_blocks<F, NT, BB / 2>(rows, h, cnt, i0, i1, t0, b, dm, out, ahead, pf_bytes);
 }
 
+// Many tokens (prefill): a group's rows are decoded once into floats (the same values the tiles
+// decode on the fly), then tiles of 8 tokens x 32 outputs read them from cache: the decoding is
+// not repeated for every 4 tokens.
+template <int NT>
+inline void float_tile(const float* w, const float* h, int64_t cnt, int64_t i0, int64_t i1, int64_t t0, int64_t c,
+                       int64_t dm, float* out) {
+  __m512 acc[NT][2];
+  for (int t = 0; t < NT; ++t) acc[t][0] = acc[t][1] = _mm512_setzero_ps();
+  for (int64_t i = i0; i < i1; ++i) {
+    const float* row = w + (i - i0) * dm + c;
+    const __m512 lo = _mm512_loadu_ps(row), hi = _mm512_loadu_ps(row + 16);
+    for (int t = 0; t < NT; ++t) {
+      const __m512 hv = _mm512_set1_ps(h[(t0 + t) * cnt + i]);
+      acc[t][0] = _mm512_fmadd_ps(hv, lo, acc[t][0]);
+      acc[t][1] = _mm512_fmadd_ps(hv, hi, acc[t][1]);
+    }
+  }
+  for (int t = 0; t < NT; ++t)
+    for (int j = 0; j < 2; ++j) {
+      float* o = out + (t0 + t) * dm + c + 16 * j;
+      _mm512_storeu_ps(o, _mm512_add_ps(_mm512_loadu_ps(o), acc[t][j]));
+    }
+}
+
+template <class F>
+void down_decoded(const uint8_t* const* rows, const float* h, int64_t cnt, int64_t i0, int64_t i1, int64_t n_tok,
+                  int64_t dm, float* out) {
+  thread_local std::vector<float> buf;
+  if (buf.size() < static_cast<size_t>(kGroup * dm)) buf.resize(static_cast<size_t>(kGroup * dm));
+  float* w = buf.data();
+  for (int64_t i = i0; i < i1; ++i)
+    for (int64_t b = 0; b < dm / 32; ++b) {
+      __m512 lo, hi;
+      F::decode(rows[i] + static_cast<size_t>(b) * F::kBytes, lo, hi);
+      _mm512_storeu_ps(w + (i - i0) * dm + 32 * b, lo);
+      _mm512_storeu_ps(w + (i - i0) * dm + 32 * b + 16, hi);
+    }
+  for (int64_t c = 0; c < dm; c += 32) {
+    int64_t t = 0;
+    for (; t + 8 <= n_tok; t += 8) float_tile<8>(w, h, cnt, i0, i1, t, c, dm, out);
+    for (; t < n_tok; ++t) float_tile<1>(w, h, cnt, i0, i1, t, c, dm, out);
+  }
+}
+
+constexpr int64_t kDecodeOnce = 16;  // tokens from which a group's rows are decoded once
+
 template <class F>
 void ffn_down_tiled(const uint8_t* const* rows, const float* h, int64_t cnt, int64_t n_tok, int64_t dm, float* out,
                     float*) {
   const size_t row_part = static_cast<size_t>(dm / 32) * F::kBytes;
   for (int64_t i0 = 0; i0 < cnt; i0 += kGroup) {
     const int64_t i1 = std::min(cnt, i0 + kGroup);
+    if (n_tok >= kDecodeOnce) {
+      down_decoded<F>(rows, h, cnt, i0, i1, n_tok, dm, out);
+      continue;
+    }
     int64_t t = 0;
     for (; t + 4 <= n_tok; t += 4) down_blocks<F, 4, 2>(rows, h, cnt, i0, i1, t, 0, dm, out, t ? 0 : kGroup, row_part);
     switch (n_tok - t) {

@@ -142,7 +142,7 @@ void test_ffn() {
     const auto wd = ref_dequant(f, w, rows, cols);
     const ef::WeightMatrix m{w.data(), w.size(), f, rows, cols};
     const std::string tag = std::string("matmul_columns ") + ef::format_info(f).name;
-    for (int64_t n : {1, 5}) {
+    for (int64_t n : {1, 5, 20}) {
       const auto h = randn(n * rows);
       std::vector<float> got(n * cols), want(n * cols);
       ef::matmul_columns(m, h.data(), n, got.data());
