@@ -38,7 +38,7 @@ void matmul_columns(const WeightMatrix& w, const float* h, int64_t n, float* y) 
     float* part = y;
     if (width != w.cols) part = scratch_floats(static_cast<size_t>(n * width), 1);
     std::fill(part, part + n * width, 0.0f);
-    float* bsum = scratch_floats(static_cast<size_t>(n * width / 16 + 1), 0);
+    float* bsum = scratch_floats(down_scratch_floats(n, width), 0);
     down(rows.data(), h, w.rows, n, width, part, bsum);
     if (part != y)
       for (int64_t t = 0; t < n; ++t)

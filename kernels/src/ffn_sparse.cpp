@@ -122,7 +122,7 @@ void ffn_sparse(const NeuronArena& arena, const float* x, int64_t n_tok, const i
     float* g = scratch_floats(static_cast<size_t>(cnt * n_tok), 1);   // [n_tok, cnt] gate
     float* u = scratch_floats(static_cast<size_t>(cnt * n_tok), 2);   // [n_tok, live] up, then h
     float* gl = scratch_floats(static_cast<size_t>(cnt * n_tok), 3);  // [n_tok, live] gate of live
-    float* bsum = scratch_floats(static_cast<size_t>(n_tok * dm / 16 + 1), 0);
+    float* bsum = scratch_floats(down_scratch_floats(n_tok, dm), 0);
     int32_t* live = scratch_ints(static_cast<size_t>(2 * cnt));      // slot ids, then their column in g
     prefetch_next(0);
     dots(arena.gate, 0, slots + s0, cnt, g);

@@ -54,7 +54,12 @@ using DequantRowFn = void (*)(const uint8_t* row, int64_t cols, float* out);
 using QuantizeActsFn = void (*)(const float* x, int64_t cols, int8_t* q, float* d, float* s16, int32_t* sum16);
 
 // Sparse-FFN down step: out[t, :] += sum_i h[t * cnt + i] * row_i for cnt quantized rows of dm
-// elements (a neuron's down column). scratch: n_tok * dm / 16 floats (per-half offset sums).
+// elements (a neuron's down column). scratch: down_scratch_floats(n_tok, dm) floats (per-half offset
+// sums, or a group of rows decoded once).
+constexpr int64_t kDownGroup = 64;
+inline size_t down_scratch_floats(int64_t n_tok, int64_t dm) {
+  return static_cast<size_t>(n_tok * dm / 16 + 1 > kDownGroup * dm ? n_tok * dm / 16 + 1 : kDownGroup * dm);
+}
 using DownRowsFn = void (*)(const uint8_t* const* rows, const float* h, int64_t cnt, int64_t n_tok, int64_t dm,
                             float* out, float* scratch);
 

@@ -7,7 +7,6 @@
 // Each output is the same sequence of operations in any tile: acc = 0, acc += h_i * w_i for the
 // neurons in order, then out += acc, so a token's result does not depend on the batch around it.
 #include <algorithm>
-#include <vector>
 
 #include "kernel_table.h"
 #include "x86_common.h"
@@ -85,7 +84,7 @@ inline void down_tile(const uint8_t* const* rows, const float* h, int64_t cnt, i
     }
 }
 
-constexpr int64_t kGroup = 64;  // neurons whose rows stay in L1/L2 while every tile of outputs reads them
+constexpr int64_t kGroup = kDownGroup;  // neurons whose rows stay in L1/L2 while every tile of outputs reads them
 
 // Tiles of BB blocks, then of BB/2, ... so every block of the outputs is covered.
 template <class F, int NT, int BB>
@@ -123,10 +122,9 @@ inline void float_tile(const float* w, const float* h, int64_t cnt, int64_t i0, 
 
 template <class F>
 void down_decoded(const uint8_t* const* rows, const float* h, int64_t cnt, int64_t i0, int64_t i1, int64_t n_tok,
-                  int64_t dm, float* out) {
-  thread_local std::vector<float> buf;
-  if (buf.size() < static_cast<size_t>(kGroup * dm)) buf.resize(static_cast<size_t>(kGroup * dm));
-  float* w = buf.data();
+                  int64_t dm, float* out, float* scratch) {
+  float* w = scratch;  // kDownGroup * dm floats (no std container here: its instantiations would be
+                       // weak symbols of an AVX-512 object, see the dispatch notes)
   for (int64_t i = i0; i < i1; ++i)
     for (int64_t b = 0; b < dm / 32; ++b) {
       __m512 lo, hi;
@@ -145,12 +143,12 @@ constexpr int64_t kDecodeOnce = 16;  // tokens from which a group's rows are dec
 
 template <class F>
 void ffn_down_tiled(const uint8_t* const* rows, const float* h, int64_t cnt, int64_t n_tok, int64_t dm, float* out,
-                    float*) {
+                    float* scratch) {
   const size_t row_part = static_cast<size_t>(dm / 32) * F::kBytes;
   for (int64_t i0 = 0; i0 < cnt; i0 += kGroup) {
     const int64_t i1 = std::min(cnt, i0 + kGroup);
     if (n_tok >= kDecodeOnce) {
-      down_decoded<F>(rows, h, cnt, i0, i1, n_tok, dm, out);
+      down_decoded<F>(rows, h, cnt, i0, i1, n_tok, dm, out, scratch);
       continue;
     }
     int64_t t = 0;
