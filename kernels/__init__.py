@@ -19,7 +19,8 @@ from .formats import (
                       kv_row_bytes,
                       row_bytes,
 )
-from .linear import dequantize, matmul, matmul_rows, quantize
+from .linear import (PANEL_FORMATS, dequantize, matmul, matmul_columns, matmul_panels, matmul_rows, pack_panels,
+                     quantize)
 from .runtime import (
                       available_isas,
                       cpu_features,
@@ -33,7 +34,7 @@ from .runtime import (
 __all__ = [
     "__version__", "FORMATS", "KERNEL_FORMATS", "KV_FORMATS", "QUANTIZABLE",
     "row_bytes", "bundle_bytes", "kv_row_bytes", "format_info",
-    "matmul", "matmul_rows", "dequantize", "quantize",
+    "matmul", "matmul_rows", "matmul_columns", "dequantize", "quantize", "pack_panels", "matmul_panels", "PANEL_FORMATS",
     "ffn_sparse", "pack_bundles",
     "attention", "kv_write", "new_kv_cache",
     "rms_norm", "rope", "gated_act", "softmax", "argmax", "topk",

@@ -6,7 +6,9 @@ import numpy as np
 
 from . import _native
 from ._arrays import array, index_array, out_array
-from .formats import QUANTIZABLE, format_info, row_bytes
+from .formats import FORMATS, QUANTIZABLE, format_info, row_bytes
+
+PANEL_FORMATS = tuple(name for name in FORMATS if _native.has_panels(name))
 
 
 def weight_matrix(w: object, fmt: str, cols: int | None = None) -> tuple[np.ndarray, int, int]:
@@ -62,6 +64,33 @@ def matmul(w: object, fmt: str, x: object, out: np.ndarray | None = None, *, pre
     return out
 
 
+def pack_panels(w: object, fmt: str, cols: int | None = None) -> np.ndarray:
+    """The panel layout of a quantized matrix (docs/weight-formats.md): uint8 [panel_bytes], the 16-row
+    groups interleaved so a SIMD GEMV reads them in one stream. Run it with `matmul_panels`."""
+    w, rows, cols = weight_matrix(w, fmt, cols)
+    if not _native.has_panels(fmt):
+        raise ValueError(f"format {fmt} has no panel layout (it has: {', '.join(PANEL_FORMATS)})")
+    out = np.empty(_native.panel_bytes(fmt, rows, cols), dtype=np.uint8)
+    _native.pack_panels(w, fmt, rows, cols, out)
+    return out
+
+
+def matmul_panels(packed: object, fmt: str, rows: int, cols: int, x: object, out: np.ndarray | None = None, *,
+                  precise: bool = False) -> np.ndarray:
+    """`matmul` of a [rows, cols] matrix in the panel layout (from `pack_panels`)."""
+    if not _native.has_panels(fmt):
+        raise ValueError(f"format {fmt} has no panel layout (it has: {', '.join(PANEL_FORMATS)})")
+    packed = array("packed", packed, np.uint8, 1)
+    need = _native.panel_bytes(fmt, rows, cols)
+    if packed.size != need:
+        raise ValueError(f"packed has {packed.size} bytes, {rows} x {cols} of {fmt} in panels take {need}")
+    x, n = _activations(array("x", x, np.float32, (1, 2)), cols)
+    shape = (rows,) if x.ndim == 1 else (n, rows)
+    out = out_array("out", out, shape, inputs=(("x", x), ("packed", packed)))
+    _native.matmul(packed, fmt, rows, cols, 0, x, n, out, bool(precise), True)
+    return out
+
+
 def matmul_rows(w: object, fmt: str, rows: object, x: object, out: np.ndarray | None = None, *,
                 precise: bool = False) -> np.ndarray:
     """Only the listed rows of W: y[t, i] = W[rows[i]] . x[t]   -> [n, len(rows)] (e.g. a head shortlist)."""
@@ -74,6 +103,21 @@ def matmul_rows(w: object, fmt: str, rows: object, x: object, out: np.ndarray | 
     shape = (ids.size,) if x.ndim == 1 else (n, ids.size)
     out = out_array("out", out, shape, inputs=(("x", x), ("w", w)))
     _native.matmul_rows(w, fmt, n_rows, cols, 0, ids, x, n, out, bool(precise))
+    return out
+
+
+def matmul_columns(w: object, fmt: str, h: object, out: np.ndarray | None = None) -> np.ndarray:
+    """A matrix stored by columns (row r of W is column r of the product, e.g. a neuron's down column):
+    y[t] = sum_r h[t, r] * W[r]   -> [n, cols] (or [cols] for a 1-D h)."""
+    h0 = array("h", h, np.float32, (1, 2))
+    w, rows, cols = weight_matrix(w, fmt)
+    h = np.ascontiguousarray(h0.reshape(-1, h0.shape[-1]))
+    if h.shape[1] != rows:
+        raise ValueError(f"h has {h.shape[1]} values per token, the matrix has {rows} rows")
+    n = h.shape[0]
+    shape = (cols,) if h0.ndim == 1 else (n, cols)
+    out = out_array("out", out, shape, inputs=(("h", h), ("w", w)))
+    _native.matmul_columns(w, fmt, rows, cols, 0, h, n, out)
     return out
 
 

@@ -9,6 +9,7 @@ kernels do not run are converted once at load, and the conversion is reported in
 
 from __future__ import annotations
 
+import mmap
 from collections.abc import Sequence
 from typing import Any, Protocol
 
@@ -28,6 +29,34 @@ LAYER_SLOTS: dict[str, str] = {tensor: slot for slot, tensor in _native.layer_sl
 MATRIX_SLOTS = frozenset(slot for slot, _ in _native.layer_slots()[:_native.MATRIX_SLOTS])
 
 
+def _file_map(raw: np.ndarray) -> mmap.mmap | None:
+    """The read-only file mapping `raw` is a view into, if any."""
+    owner = raw
+    while owner is not None and not isinstance(owner, mmap.mmap):
+        owner = getattr(owner, "base", None) if not isinstance(owner, memoryview) else owner.obj
+    return owner
+
+
+def _file_backed(raw: np.ndarray) -> bool:
+    """Whether `raw` is a view into a read-only file mapping, whose pages may be dropped from this
+    process (they are re-read from the page cache if touched again)."""
+    return _file_map(raw) is not None and hasattr(mmap, "MADV_DONTNEED")
+
+
+def _drop_file_pages(raw: np.ndarray) -> None:
+    """Drops this process's pages of the whole pages inside `raw`'s bytes of a file mapping. A page
+    fault on a file in the page cache may map a whole large folio, well past the bytes read: the
+    pages of tensors never read, or already copied, would otherwise stay resident."""
+    owner = _file_map(raw)
+    if owner is None or not hasattr(mmap, "MADV_DONTNEED"):
+        return
+    offset = raw.ctypes.data - np.frombuffer(owner, np.uint8).ctypes.data
+    page = mmap.PAGESIZE
+    start, end = -(-offset // page) * page, (offset + raw.nbytes) // page * page
+    if end > start:
+        owner.madvise(mmap.MADV_DONTNEED, start, end - start)
+
+
 class WeightSource(Protocol):
     """Where an engine's weights come from."""
 
@@ -41,13 +70,16 @@ class WeightSource(Protocol):
 
 
 class ResidentWeights:
-    """Every tensor resident, read in place (a memory-mapped file is paged in as it is used)."""
+    """Every tensor resident: matrices the kernels run faster from panels are laid out so at load
+    (a copy the engine owns; the file's pages are dropped after), the rest are read in place (a
+    memory-mapped file is paged in as it is used)."""
 
-    def __init__(self, tensors: dict[str, Tensor]):
+    def __init__(self, tensors: dict[str, Tensor], panels: bool = True):
         self.tensors = tensors
+        self.panels = panels
 
     def install(self, engine: NativeEngine) -> None:
-        engine.set_tensors(self.tensors)
+        engine.set_tensors(self.tensors, panels=self.panels)
 
     def stats(self, engine: NativeEngine) -> dict[str, Any]:
         return {}
@@ -88,14 +120,16 @@ class NativeEngine:
 
     # -- weights ------------------------------------------------------------------------------------
 
-    def set_tensors(self, t: dict[str, Tensor]) -> None:
-        """Hand the native engine every tensor present in `t` (a budgeted run leaves streamed ones out)."""
+    def set_tensors(self, t: dict[str, Tensor], *, panels: bool = False) -> None:
+        """Hand the native engine every tensor present in `t` (a budgeted run leaves streamed ones out).
+        With `panels`, matrices the kernels run faster from the panel layout are copied into it, and
+        the pages of the file they were read from are dropped (the embedding rows stay in place)."""
         native = self._engine
         if "token_embd.weight" in t:
             native.set_embedding(*self._matrix(t["token_embd.weight"]))
         head = t.get("output.weight") if not self.spec.tied_embeddings else t.get("token_embd.weight")
         if head is not None:
-            native.set_head(*self._matrix(head))
+            native.set_head(*self._matrix(head), panels=panels, drop_source=_file_backed(head.raw))
         if "output_norm.weight" in t:
             native.set_output_norm(self._vector(t["output_norm.weight"]))
         for layer in range(self.spec.n_layers):
@@ -105,9 +139,14 @@ class NativeEngine:
                     continue
                 if slot in MATRIX_SLOTS:
                     w = t[prefix + tensor]
-                    native.set_matrix(layer, slot, *self._matrix(w), getattr(w, "stride", 0))
+                    native.set_matrix(layer, slot, *self._matrix(w), getattr(w, "stride", 0), panels=panels,
+                                      drop_source=_file_backed(w.raw))
                 else:
                     native.set_vector(layer, slot, self._vector(t[prefix + tensor]))
+            if panels:  # what the layer's faults mapped besides the pages read: back to the file
+                for name, w in t.items():
+                    if name.startswith(prefix) and w.raw.flags.c_contiguous:
+                        _drop_file_pages(w.raw)
 
     def _matrix(self, tensor: Tensor) -> tuple[np.ndarray, str, int, int]:
         """(raw bytes, format, rows, cols), converting formats the kernels do not run."""

@@ -1,5 +1,6 @@
 // NEON level (ARMv8.0, e.g. Cortex-A53/A72): quantized GEMM with smull/smlal, float GEMM,
 // dequantization, activation quantization.
+#include "neon_panel.h"
 #include "neon_quant.h"
 
 namespace ef::arm {
@@ -12,6 +13,14 @@ struct MullCore {
   }
   static inline int32x4_t dot2(int8x16_t c0, int8x16_t x0, int8x16_t c1, int8x16_t x1) {
     return vpadalq_s16(dot(c0, x0), vmlal_high_s8(vmull_s8(vget_low_s8(c1), vget_low_s8(x1)), c1, x1));
+  }
+  // acc[i] += dot(bytes 4i..4i+3 of w, bytes 4L..4L+3 of x): the activation word broadcast to every
+  // lane, 16 products, then pairwise sums down to 4 per lane (each pair fits int16).
+  template <int L>
+  static inline int32x4_t lane(int32x4_t acc, int8x16_t w, int8x16_t x) {
+    const int8x16_t xl = vreinterpretq_s8_s32(vdupq_laneq_s32(vreinterpretq_s32_s8(x), L));
+    const int16x8_t p = vpaddq_s16(vmull_s8(vget_low_s8(w), vget_low_s8(xl)), vmull_high_s8(w, xl));
+    return vpadalq_s16(acc, p);
   }
 };
 
@@ -134,6 +143,12 @@ void install_neon(KernelTable& t) {
   t.gemm_q8[int(Format::q4_k)].set(gemm_q8<MullCore, Q4_K>, n);
   t.gemm_q8[int(Format::q6_k)].set(gemm_q8<MullCore, Q6_K>, n);
   t.gemm_q8[int(Format::q4_lut)].set(gemm_q8<MullCore, Q4_LUT>, n);
+  t.gemm_q8_panels[int(Format::q8_0)].set(gemm_panels<MullCore, NQ8_0>, n);
+  t.gemm_q8_panels[int(Format::q4_0)].set(gemm_panels<MullCore, NQ4_0>, n);
+  t.gemm_q8_panels[int(Format::q4_1)].set(gemm_panels<MullCore, NQ4_1>, n);
+  t.gemm_q8_panels[int(Format::q5_0)].set(gemm_panels<MullCore, NQ5_0>, n);
+  t.gemm_q8_panels[int(Format::q4_k)].set(gemm_panels<MullCore, NQ4_K>, n);
+  t.gemm_q8_panels[int(Format::q6_k)].set(gemm_panels<MullCore, NQ6_K>, n);
   t.gemm_f32[int(Format::f32)].set(gemm_f<false>, n);
   t.gemm_f32[int(Format::f16)].set(gemm_f<true>, n);
   t.dequant[int(Format::f32)].set(dequant_f<false>, n);

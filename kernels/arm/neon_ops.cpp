@@ -44,7 +44,7 @@ void attn_chunk(const AttnChunk& a) {
     const int64_t nb = c - j0 < 8 ? c - j0 : 8;
     bool any = false;
     for (int64_t r = 0; r < R && !any; ++r)
-      for (int64_t j = 0; j < nb; ++j) any |= a.vis[r * c + j0 + j] != 0;
+      for (int64_t j = 0; j < nb; ++j) any |= a.vis[(r / a.group) * c + j0 + j] != 0;
     if (!any) {
       for (int64_t r = 0; r < R; ++r)
         for (int64_t j = 0; j < nb; ++j) s[r * c + j0 + j] = ninf;
@@ -68,7 +68,7 @@ void attn_chunk(const AttnChunk& a) {
       float sc[8];
       vst1q_f32(sc, vmulq_n_f32(hsum4x4(acc), a.scale));
       vst1q_f32(sc + 4, vmulq_n_f32(hsum4x4(acc + 4), a.scale));
-      for (int64_t j = 0; j < nb; ++j) s[r * c + j0 + j] = a.vis[r * c + j0 + j] ? sc[j] : ninf;
+      for (int64_t j = 0; j < nb; ++j) s[r * c + j0 + j] = a.vis[(r / a.group) * c + j0 + j] ? sc[j] : ninf;
     }
   }
   if (a.softcap > 0.0f) {

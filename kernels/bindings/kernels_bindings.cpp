@@ -19,8 +19,10 @@ using namespace ef::bind;
 
 namespace {
 
-ef::WeightMatrix weights(const In& w, const std::string& fmt, int64_t rows, int64_t cols, size_t stride) {
-  return ef::WeightMatrix{bytes(w, "w"), nbytes(w), fmt_of(fmt), rows, cols, stride};
+ef::WeightMatrix weights(const In& w, const std::string& fmt, int64_t rows, int64_t cols, size_t stride,
+                         bool panels = false) {
+  return ef::WeightMatrix{bytes(w, "w"), nbytes(w), fmt_of(fmt), rows, cols, stride,
+                          panels ? ef::Layout::panels : ef::Layout::rows};
 }
 
 ef::KvCache cache(const Out& k, const Out& v, const std::string& fmt, int64_t n_kv, int64_t cap, int64_t hd,
@@ -80,12 +82,31 @@ void ef::bind_kernels(nb::module_& m) {
 
   // ---- linear
   m.def("matmul", [](In w, const std::string& fmt, int64_t rows, int64_t cols, size_t stride, In x, int64_t n,
-                     Out y, bool precise) {
-    const ef::WeightMatrix wm = weights(w, fmt, rows, cols, stride);
+                     Out y, bool precise, bool panels) {
+    const ef::WeightMatrix wm = weights(w, fmt, rows, cols, stride, panels);
     const float* xp = ptr<float>(x, static_cast<size_t>(n * cols), "x");
     float* yp = ptr<float>(y, static_cast<size_t>(n * rows), "out");
     nb::gil_scoped_release release;
     ef::matmul(wm, xp, n, yp, precise ? ef::ActPrecision::f32 : ef::ActPrecision::q8);
+  }, nb::arg("w"), nb::arg("fmt"), nb::arg("rows"), nb::arg("cols"), nb::arg("stride"), nb::arg("x"), nb::arg("n"),
+     nb::arg("y"), nb::arg("precise"), nb::arg("panels") = false);
+  // ---- the panel layout
+  m.def("has_panels", [](const std::string& fmt) { return ef::has_panels(fmt_of(fmt)); });
+  m.def("prefers_panels", [](const std::string& fmt) { return ef::prefers_panels(fmt_of(fmt)); });
+  m.def("panel_bytes", [](const std::string& fmt, int64_t rows, int64_t cols) {
+    return ef::panel_bytes(fmt_of(fmt), rows, cols);
+  });
+  m.def("pack_panels", [](In w, const std::string& fmt, int64_t rows, int64_t cols, Out out) {
+    const ef::WeightMatrix wm = weights(w, fmt, rows, cols, 0);
+    uint8_t* op = ptr<uint8_t>(out, ef::panel_bytes(wm.fmt, rows, cols), "out");
+    nb::gil_scoped_release release;
+    ef::pack_panels(wm, op, nbytes(out));
+  });
+  m.def("unpack_panels", [](In w, const std::string& fmt, int64_t rows, int64_t cols, Out out) {
+    const ef::WeightMatrix wm = weights(w, fmt, rows, cols, 0, true);
+    uint8_t* op = ptr<uint8_t>(out, rows * ef::row_bytes(wm.fmt, cols), "out");
+    nb::gil_scoped_release release;
+    ef::unpack_panels(wm, op, nbytes(out));
   });
   m.def("matmul_rows", [](In w, const std::string& fmt, int64_t rows, int64_t cols, size_t stride, In ids, In x,
                           int64_t n, Out y, bool precise) {
@@ -96,6 +117,14 @@ void ef::bind_kernels(nb::module_& m) {
     float* yp = ptr<float>(y, static_cast<size_t>(n * k), "out");
     nb::gil_scoped_release release;
     ef::matmul_rows(wm, ip, k, xp, n, yp, precise ? ef::ActPrecision::f32 : ef::ActPrecision::q8);
+  });
+  m.def("matmul_columns", [](In w, const std::string& fmt, int64_t rows, int64_t cols, size_t stride, In h, int64_t n,
+                             Out y) {
+    const ef::WeightMatrix wm = weights(w, fmt, rows, cols, stride);
+    const float* hp = ptr<float>(h, static_cast<size_t>(n * rows), "h");
+    float* yp = ptr<float>(y, static_cast<size_t>(n * cols), "out");
+    nb::gil_scoped_release release;
+    ef::matmul_columns(wm, hp, n, yp);
   });
   m.def("dequantize", [](In w, const std::string& fmt, int64_t rows, int64_t cols, size_t stride,
                          std::optional<In> ids, Out out) {

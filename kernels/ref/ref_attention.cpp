@@ -29,7 +29,7 @@ void attn_chunk(const AttnChunk& a) {
   for (int64_t j = 0; j < c; ++j) {
     kv_row_to_f32<KF>(a.k + j * a.row_bytes, hd, row);
     for (int64_t r = 0; r < R; ++r) {
-      if (!a.vis[r * c + j]) {
+      if (!a.vis[(r / a.group) * c + j]) {
         s[r * c + j] = ninf;
         continue;
       }

@@ -34,6 +34,20 @@ void gemm_q8(const RowsView& w, int64_t r0, int64_t r1, const Q8View& x, int64_t
   }
 }
 
+// The panel layout: each panel's rows copied back to the row layout, then the row kernel above.
+template <Format F>
+void gemm_q8_panels(const RowsView& w, int64_t r0, int64_t r1, const Q8View& x, int64_t t0, int64_t t1, float* y,
+                    int64_t ldy) {
+  const size_t rb = w.stride;
+  std::vector<uint8_t> rows(16 * rb);
+  for (int64_t p0 = r0; p0 < r1; p0 += 16) {
+    const int64_t valid = std::min<int64_t>(16, r1 - p0);
+    for (int i = 0; i < valid; ++i) panel_row(F, w.cols, w.panel(p0), i, rows.data() + i * rb);
+    const RowsView rv{rows.data(), rb, nullptr, w.cols, valid};
+    gemm_q8<F>(rv, 0, valid, x, t0, t1, y + (p0 - r0), ldy);
+  }
+}
+
 template <Format F>
 void gemm_f32(const RowsView& w, int64_t r0, int64_t r1, const float* x, int64_t t0, int64_t t1, float* y,
               int64_t ldy) {
@@ -114,6 +128,12 @@ void install_linear(KernelTable& t) {
   t.gemm_q8[int(Format::q4_k)].set(gemm_q8<Format::q4_k>, n);
   t.gemm_q8[int(Format::q6_k)].set(gemm_q8<Format::q6_k>, n);
   t.gemm_q8[int(Format::q4_lut)].set(gemm_q8<Format::q4_lut>, n);
+  t.gemm_q8_panels[int(Format::q8_0)].set(gemm_q8_panels<Format::q8_0>, n);
+  t.gemm_q8_panels[int(Format::q4_0)].set(gemm_q8_panels<Format::q4_0>, n);
+  t.gemm_q8_panels[int(Format::q4_1)].set(gemm_q8_panels<Format::q4_1>, n);
+  t.gemm_q8_panels[int(Format::q5_0)].set(gemm_q8_panels<Format::q5_0>, n);
+  t.gemm_q8_panels[int(Format::q4_k)].set(gemm_q8_panels<Format::q4_k>, n);
+  t.gemm_q8_panels[int(Format::q6_k)].set(gemm_q8_panels<Format::q6_k>, n);
   t.gemm_f32[int(Format::f32)].set(gemm_f32<Format::f32>, n);
   t.gemm_f32[int(Format::f16)].set(gemm_f32<Format::f16>, n);
   t.dequant[int(Format::f32)].set(dequant<Format::f32>, n);

@@ -84,16 +84,16 @@ void attention(const KvCache& cache, const AttentionArgs& a) {
     float* acc = l + R;
     std::fill(m, m + R, -std::numeric_limits<float>::infinity());
     std::fill(l, l + R + R * hd, 0.0f);
-    float* scratch = scratch_floats(static_cast<size_t>(R * kChunk + 8 * hd + (R * kChunk + 3) / 4));
-    uint8_t* vis = reinterpret_cast<uint8_t*>(scratch + R * kChunk + 8 * hd);
+    float* scratch = scratch_floats(static_cast<size_t>(R * kChunk + (kChunk + 16) * hd + (n_q * kChunk + 3) / 4));
+    uint8_t* vis = reinterpret_cast<uint8_t*>(scratch + R * kChunk + (kChunk + 16) * hd);
     for (int64_t j0 = j_begin / kChunk * kChunk; j0 < j_end; j0 += kChunk) {  // chunks at absolute offsets
       // Whole chunks (slots past the live range are invisible): the SIMD blocking of a query's keys
       // must not depend on how many other slots happen to be live.
       const int64_t c = std::min(kChunk, cap - j0);
       bool any = false;
-      for (int64_t i = 0; i < n_q; ++i) {
+      for (int64_t i = 0; i < n_q; ++i) {  // one row per query: its group's heads share it
         const int64_t qp = a.q_pos[i];
-        uint8_t* row = vis + i * group * c;
+        uint8_t* row = vis + i * c;
         for (int64_t j = 0; j < c; ++j) {
           const int64_t sp = cache.slot_pos[j0 + j];
           const bool ok = sp >= 0 && sp <= qp && (a.window == 0 || qp - sp < a.window) &&
@@ -101,11 +101,10 @@ void attention(const KvCache& cache, const AttentionArgs& a) {
           row[j] = ok;
           any |= ok;
         }
-        for (int64_t h = 1; h < group; ++h) std::copy(row, row + c, row + h * c);
       }
       if (!any) continue;
       const size_t off = static_cast<size_t>(g * cap + j0) * rb;
-      const AttnChunk args{qg + g * R * hd, R, hd, cache.k + off, cache.v + off, rb, c, vis,
+      const AttnChunk args{qg + g * R * hd, R, hd, cache.k + off, cache.v + off, rb, c, vis, group,
                            a.scale, a.softcap, m, l, acc, scratch};
       chunk_fn(args);
     }

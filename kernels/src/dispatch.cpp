@@ -99,6 +99,7 @@ const IsaLevel kLevels[] = {
 #elif defined(EF_ARCH_ARM64)
     {"neon", {"asimd", nullptr}, install_neon},
     {"neon_dotprod", {"asimd", "asimddp", nullptr}, install_neon_dotprod},
+    {"neon_i8mm", {"asimd", "asimddp", "i8mm", nullptr}, install_neon_i8mm},
 #endif
 };
 constexpr int kNumLevels = sizeof(kLevels) / sizeof(kLevels[0]);
@@ -191,6 +192,7 @@ std::vector<std::pair<std::string, std::string>> implementations() {
   for (int f = 0; f < kFormatCount; ++f) {
     const std::string fmt = format_info(static_cast<Format>(f)).name;
     if (t.gemm_q8[f].fn) out.emplace_back("gemm_q8_" + fmt, t.gemm_q8[f].isa);
+    if (t.gemm_q8_panels[f].fn) out.emplace_back("gemm_q8_panels_" + fmt, t.gemm_q8_panels[f].isa);
     if (t.gemm_f32[f].fn) out.emplace_back("gemm_f32_" + fmt, t.gemm_f32[f].isa);
     if (t.dequant[f].fn) out.emplace_back("dequant_" + fmt, t.dequant[f].isa);
     if (t.ffn_down[f].fn) out.emplace_back("ffn_down_" + fmt, t.ffn_down[f].isa);

@@ -36,6 +36,22 @@ void check_arena(const NeuronArena& a) {
 
 constexpr int64_t kMaxChunk = 64;  // slots per task
 
+// Requests the bundles of slots ids[0, count) into cache: part `k` of `parts` of their lines, so the
+// requests for the next chunk are spread over the steps of this one. A chunk's bundles lie `stride`
+// apart (gathered, or every neuron of a dense FFN in a row): the hardware prefetcher does not follow
+// the 16 interleaved row streams a gathered GEMM reads, and without these requests the arena ran at
+// 2-3 GB/s against 12-14 GB/s for the same bytes as dense matrices.
+void prefetch_bundles(const uint8_t* base, size_t stride, size_t bundle, const int32_t* ids, int64_t count, int k,
+                      int parts) {
+  const size_t lines = (bundle + 63) / 64;
+  const int64_t total = count * static_cast<int64_t>(lines);
+  const int64_t begin = total * k / parts, end = total * (k + 1) / parts;
+  for (int64_t i = begin; i < end; ++i) {
+    const int64_t b = i / static_cast<int64_t>(lines), l = i % static_cast<int64_t>(lines);
+    __builtin_prefetch(base + static_cast<size_t>(ids[b]) * stride + static_cast<size_t>(l) * 64, 0, 3);
+  }
+}
+
 int32_t* scratch_ints(size_t n) {
   thread_local std::vector<int32_t> buf;
   if (buf.size() < n) buf.resize(n);
@@ -90,8 +106,14 @@ void ffn_sparse(const NeuronArena& arena, const float* x, int64_t n_tok, const i
   float* partial_base = partial.data();
   uint8_t* used_base = used.data();
 
+  const size_t bundle = bundle_bytes(arena.gate, arena.up, arena.down, dm);
   auto one_chunk = [&](int64_t task, int64_t th) {
     const int64_t s0 = task * chunk, cnt = std::min(n_active, s0 + chunk) - s0;
+    // This share's next chunk, requested a third at a time while this one computes.
+    const int64_t next0 = (task + threads) * chunk, next_cnt = std::max<int64_t>(0, std::min(n_active, next0 + chunk) - next0);
+    auto prefetch_next = [&](int k) {
+      if (next_cnt > 0) prefetch_bundles(arena.data, stride, bundle, slots + next0, next_cnt, k, 3);
+    };
     float* part = partial_base + th * n_tok * dm;
     if (!used_base[th]) {
       std::fill(part, part + n_tok * dm, 0.0f);
@@ -100,17 +122,23 @@ void ffn_sparse(const NeuronArena& arena, const float* x, int64_t n_tok, const i
     float* g = scratch_floats(static_cast<size_t>(cnt * n_tok), 1);   // [n_tok, cnt] gate
     float* u = scratch_floats(static_cast<size_t>(cnt * n_tok), 2);   // [n_tok, live] up, then h
     float* gl = scratch_floats(static_cast<size_t>(cnt * n_tok), 3);  // [n_tok, live] gate of live
-    float* bsum = scratch_floats(static_cast<size_t>(n_tok * dm / 16 + 1), 0);
+    float* bsum = scratch_floats(down_scratch_floats(n_tok, dm), 0);
     int32_t* live = scratch_ints(static_cast<size_t>(2 * cnt));      // slot ids, then their column in g
+    prefetch_next(0);
     dots(arena.gate, 0, slots + s0, cnt, g);
+    prefetch_next(1);
     int64_t n_live = 0;
     for (int64_t r = 0; r < cnt; ++r) {
       bool any = thresholds == nullptr;
       for (int64_t t = 0; t < n_tok && !any; ++t) any = std::fabs(g[t * cnt + r]) >= thresholds[t];
       if (any) live[n_live] = slots[s0 + r], live[cnt + n_live] = static_cast<int32_t>(r), ++n_live;
     }
-    if (n_live == 0) return;
+    if (n_live == 0) {
+      prefetch_next(2);
+      return;
+    }
     dots(arena.up, rb_g, live, n_live, u);
+    prefetch_next(2);
     // gate values of the live neurons; below-threshold (neuron, token) pairs contribute 0 = act(0)
     for (int64_t t = 0; t < n_tok; ++t)
       for (int64_t i = 0; i < n_live; ++i) {

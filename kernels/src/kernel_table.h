@@ -11,14 +11,20 @@
 
 namespace ef {
 
-// Rows of a weight matrix: row r is at base + (index ? index[r] : r) * stride.
+// Rows of a weight matrix: row r is at base + (index ? index[r] : r) * stride. In the panel
+// layout, panel p (rows 16p..16p+15) starts at base + 16 p stride and index is null.
 struct RowsView {
   const uint8_t* base;
   size_t stride;
   const int32_t* index;
   int64_t cols;
+  int64_t rows = 0;  // rows of the whole matrix (how far a kernel may prefetch); 0 = unknown
   const uint8_t* row(int64_t r) const { return base + static_cast<size_t>(index ? index[r] : r) * stride; }
+  const uint8_t* panel(int64_t r) const { return base + static_cast<size_t>(r / 16 * 16) * stride; }
 };
+
+// Row i (0..15) of a panel (in the panel layout) back in the row layout (panels.cpp).
+void panel_row(Format f, int64_t cols, const uint8_t* panel, int i, uint8_t* row);
 
 // Q8 activations of n tokens (see QuantizedActs).
 struct Q8View {
@@ -36,7 +42,8 @@ inline Q8View q8_view(const QuantizedActs& a) {
   return Q8View{a.q(), a.d(), a.s16(), a.d8(), a.nsum16(), a.nsum32(), a.s32(), a.cols()};
 }
 
-// y[t * ldy + (r - r0)] for rows r in [r0, r1) and tokens t in [t0, t1).
+// y[t * ldy + (r - r0)] for rows r in [r0, r1) and tokens t in [t0, t1). For a panel-layout
+// matrix r0 is a multiple of 16 and r1 one too or the last row.
 using GemmQ8Fn = void (*)(const RowsView& w, int64_t r0, int64_t r1, const Q8View& x, int64_t t0, int64_t t1,
                           float* y, int64_t ldy);
 // Float weights (f32, f16) with f32 activations x: [.., cols] (row stride cols).
@@ -47,7 +54,12 @@ using DequantRowFn = void (*)(const uint8_t* row, int64_t cols, float* out);
 using QuantizeActsFn = void (*)(const float* x, int64_t cols, int8_t* q, float* d, float* s16, int32_t* sum16);
 
 // Sparse-FFN down step: out[t, :] += sum_i h[t * cnt + i] * row_i for cnt quantized rows of dm
-// elements (a neuron's down column). scratch: n_tok * dm / 16 floats (per-half offset sums).
+// elements (a neuron's down column). scratch: down_scratch_floats(n_tok, dm) floats (per-half offset
+// sums, or a group of rows decoded once).
+constexpr int64_t kDownGroup = 64;
+inline size_t down_scratch_floats(int64_t n_tok, int64_t dm) {
+  return static_cast<size_t>(n_tok * dm / 16 + 1 > kDownGroup * dm ? n_tok * dm / 16 + 1 : kDownGroup * dm);
+}
 using DownRowsFn = void (*)(const uint8_t* const* rows, const float* h, int64_t cnt, int64_t n_tok, int64_t dm,
                             float* out, float* scratch);
 
@@ -60,12 +72,13 @@ struct AttnChunk {
   const uint8_t* v;
   size_t row_bytes;
   int64_t c;
-  const uint8_t* vis;    // [R, c] nonzero = visible
+  const uint8_t* vis;    // [R / group, c] nonzero = visible: row r uses vis row r / group
+  int64_t group;         // query rows sharing one visibility row (the heads of a GQA group)
   float scale, softcap;
   float* m;              // [R]
   float* l;              // [R]
   float* acc;            // [R, hd]
-  float* scratch;        // R * c + 8 * hd floats
+  float* scratch;        // R * 64 + 80 * hd floats
 };
 using AttnChunkFn = void (*)(const AttnChunk& a);
 
@@ -89,6 +102,7 @@ struct Entry {
 
 struct KernelTable {
   Entry<GemmQ8Fn> gemm_q8[kFormatCount];     // quantized formats
+  Entry<GemmQ8Fn> gemm_q8_panels[kFormatCount];  // the same on the panel layout
   Entry<GemmF32Fn> gemm_f32[kFormatCount];   // f32, f16
   Entry<DequantRowFn> dequant[kFormatCount];
   Entry<QuantizeActsFn> quantize_acts;
@@ -111,6 +125,7 @@ void install_avx2(KernelTable& t);
 void install_avx512(KernelTable& t);
 void install_neon(KernelTable& t);
 void install_neon_dotprod(KernelTable& t);
+void install_neon_i8mm(KernelTable& t);
 
 inline int attn_index(Format f) { return f == Format::q8_0 ? 1 : 0; }
 

@@ -19,6 +19,17 @@ void check_weights(const WeightMatrix& w, const char* what) {
   if (w.rows <= 0) throw KernelError(std::string(what) + ": weight rows must be positive, got " + std::to_string(w.rows));
   check_cols(w.fmt, w.cols, what);
   const size_t rb = row_bytes(w.fmt, w.cols);
+  if (w.layout == Layout::panels) {
+    if (!has_panels(w.fmt))
+      throw KernelError(std::string(what) + ": format " + format_info(w.fmt).name + " has no panel layout");
+    if (w.stride) throw KernelError(std::string(what) + ": a panel-layout matrix has no row stride");
+    const size_t need = panel_bytes(w.fmt, w.rows, w.cols);
+    if (w.size_bytes < need)
+      throw KernelError(std::string(what) + ": weight buffer holds " + std::to_string(w.size_bytes) + " bytes, " +
+                        std::to_string(w.rows) + " rows of " + format_info(w.fmt).name + " in panels need " +
+                        std::to_string(need));
+    return;
+  }
   const size_t stride = w.stride ? w.stride : rb;
   if (stride < rb)
     throw KernelError(std::string(what) + ": row stride " + std::to_string(stride) + " is below the row size " +
@@ -31,7 +42,14 @@ void check_weights(const WeightMatrix& w, const char* what) {
 
 RowsView view_of(const WeightMatrix& w, const int32_t* index) {
   const size_t rb = row_bytes(w.fmt, w.cols);
-  return RowsView{w.data, w.stride ? w.stride : rb, index, w.cols};
+  return RowsView{w.data, w.stride ? w.stride : rb, index, w.cols, w.rows};
+}
+
+// Row r of a matrix in the row layout: in place, or copied out of its panel into `tmp`.
+const uint8_t* row_of(const RowsView& v, Layout layout, Format fmt, int64_t r, uint8_t* tmp) {
+  if (layout == Layout::rows) return v.row(r);
+  panel_row(fmt, v.cols, v.panel(r), static_cast<int>(r % kPanelRows), tmp);
+  return tmp;
 }
 
 // Row chunk per task: enough tasks to balance the threads, few enough that claiming is cheap;
@@ -49,14 +67,50 @@ int64_t rows_per_task(int64_t rows, int64_t n_tok, size_t row_bytes_) {
   return std::max<int64_t>(1, std::min(chunk, rows));
 }
 
-void run_gemm_q8(const RowsView& v, int64_t rows, size_t rb, Format fmt, const QuantizedActs& xq, float* y) {
-  const GemmQ8Fn fn = kernels().gemm_q8[int(fmt)].fn;
+void run_gemm_q8(const RowsView& v, Layout layout, int64_t rows, size_t rb, Format fmt, const QuantizedActs& xq,
+                 float* y) {
+  const GemmQ8Fn fn = layout == Layout::panels ? kernels().gemm_q8_panels[int(fmt)].fn : kernels().gemm_q8[int(fmt)].fn;
   const Q8View xv = q8_view(xq);
   const int64_t n = xq.n(), chunk = rows_per_task(rows, n, rb);
   const int64_t tasks = (rows + chunk - 1) / chunk;
   ThreadPool::global().run(tasks, [&](int64_t task, int) {
     const int64_t r0 = task * chunk, r1 = std::min(rows, r0 + chunk);
     fn(v, r0, r1, xv, 0, n, y + r0, rows);
+  });
+}
+
+constexpr int kMaxMulti = 8;
+
+void run_gemm_q8_multi(const WeightMatrix* ws, float* const* ys, int count, const QuantizedActs& xq) {
+  const Q8View xv = q8_view(xq);
+  const int64_t n = xq.n();
+  // Tasks of about equal bytes over all the matrices: the first tasks are the first matrix's rows.
+  size_t total = 0;
+  for (int i = 0; i < count; ++i) total += static_cast<size_t>(ws[i].rows) * row_bytes(ws[i].fmt, ws[i].cols);
+  const int64_t threads = get_num_threads();
+  GemmQ8Fn fn[kMaxMulti];
+  RowsView view[kMaxMulti];
+  int64_t chunk[kMaxMulti], first_task[kMaxMulti + 1];
+  first_task[0] = 0;
+  for (int i = 0; i < count; ++i) {
+    const size_t rb = row_bytes(ws[i].fmt, ws[i].cols);
+    fn[i] = ws[i].layout == Layout::panels ? kernels().gemm_q8_panels[int(ws[i].fmt)].fn
+                                           : kernels().gemm_q8[int(ws[i].fmt)].fn;
+    view[i] = view_of(ws[i], nullptr);
+    const int64_t rows = ws[i].rows;
+    int64_t c = rows_per_task(rows, n, rb);
+    if (n <= 8 && threads > 1) {  // GEMV: chunks of about total / (4 threads) bytes, whole panels
+      const size_t target = std::max<size_t>(total / static_cast<size_t>(4 * threads), 16 * rb);
+      c = std::min<int64_t>(rows, static_cast<int64_t>(target / rb) / 16 * 16);
+    }
+    chunk[i] = std::max<int64_t>(1, c);
+    first_task[i + 1] = first_task[i] + (rows + chunk[i] - 1) / chunk[i];
+  }
+  ThreadPool::global().run(first_task[count], [&](int64_t task, int) {
+    int i = 0;
+    while (task >= first_task[i + 1]) ++i;
+    const int64_t rows = ws[i].rows, r0 = (task - first_task[i]) * chunk[i], r1 = std::min(rows, r0 + chunk[i]);
+    fn[i](view[i], r0, r1, xv, 0, n, ys[i] + r0, rows);
   });
 }
 
@@ -71,7 +125,8 @@ void run_gemm_f32(const RowsView& v, int64_t rows, size_t rb, Format fmt, const 
 }
 
 // Quantized weights with f32 activations: dequantize a chunk of rows, then the f32 kernel.
-void run_gemm_dequant(const RowsView& v, int64_t rows, size_t rb, Format fmt, const float* x, int64_t n, float* y) {
+void run_gemm_dequant(const RowsView& v, Layout layout, int64_t rows, size_t rb, Format fmt, const float* x, int64_t n,
+                      float* y) {
   const KernelTable& t = kernels();
   const DequantRowFn dq = t.dequant[int(fmt)].fn;
   const GemmF32Fn fn = t.gemm_f32[int(Format::f32)].fn;
@@ -81,7 +136,8 @@ void run_gemm_dequant(const RowsView& v, int64_t rows, size_t rb, Format fmt, co
   ThreadPool::global().run(tasks, [&](int64_t task, int) {
     const int64_t r0 = task * chunk, r1 = std::min(rows, r0 + chunk);
     float* buf = scratch_floats(static_cast<size_t>(chunk * cols));
-    for (int64_t r = r0; r < r1; ++r) dq(v.row(r), cols, buf + (r - r0) * cols);
+    uint8_t* tmp = layout == Layout::panels ? reinterpret_cast<uint8_t*>(scratch_floats(rb / 4 + 1, 1)) : nullptr;
+    for (int64_t r = r0; r < r1; ++r) dq(row_of(v, layout, fmt, r, tmp), cols, buf + (r - r0) * cols);
     const RowsView fv{reinterpret_cast<const uint8_t*>(buf), static_cast<size_t>(cols) * 4, nullptr, cols};
     fn(fv, 0, r1 - r0, x, 0, n, y + r0, rows);
   });
@@ -96,11 +152,11 @@ void matmul_impl(const WeightMatrix& w, const int32_t* index, int64_t out_rows, 
   if (!format_info(w.fmt).quantized) {
     run_gemm_f32(v, out_rows, rb, w.fmt, x, n, y);
   } else if (prec == ActPrecision::f32) {
-    run_gemm_dequant(v, out_rows, rb, w.fmt, x, n, y);
+    run_gemm_dequant(v, w.layout, out_rows, rb, w.fmt, x, n, y);
   } else {
     thread_local QuantizedActs xq;
     xq.quantize(x, n, w.cols);
-    run_gemm_q8(v, out_rows, rb, w.fmt, xq, y);
+    run_gemm_q8(v, w.layout, out_rows, rb, w.fmt, xq, y);
   }
 }
 
@@ -173,12 +229,30 @@ void matmul(const WeightMatrix& w, const QuantizedActs& xq, float* y) {
   if (xq.n() <= 0 || xq.cols() != w.cols)
     throw KernelError("matmul: quantized activations have " + std::to_string(xq.cols()) + " columns, weights have " +
                       std::to_string(w.cols));
-  run_gemm_q8(view_of(w, nullptr), w.rows, row_bytes(w.fmt, w.cols), w.fmt, xq, y);
+  run_gemm_q8(view_of(w, nullptr), w.layout, w.rows, row_bytes(w.fmt, w.cols), w.fmt, xq, y);
+}
+
+void matmul_multi(const WeightMatrix* ws, float* const* ys, int count, const QuantizedActs& xq) {
+  if (count < 1 || count > kMaxMulti)
+    throw KernelError("matmul_multi: 1.." + std::to_string(kMaxMulti) + " matrices, got " + std::to_string(count));
+  if (!ws || !ys) throw KernelError("matmul_multi: matrix or output list is null");
+  for (int i = 0; i < count; ++i) {
+    check_weights(ws[i], "matmul_multi");
+    if (!ys[i]) throw KernelError("matmul_multi: output buffer is null");
+    if (!format_info(ws[i].fmt).quantized)
+      throw KernelError(std::string("matmul_multi: Q8 activations need quantized weights, got ") +
+                        format_info(ws[i].fmt).name);
+    if (xq.n() <= 0 || xq.cols() != ws[i].cols)
+      throw KernelError("matmul_multi: quantized activations have " + std::to_string(xq.cols()) +
+                        " columns, matrix " + std::to_string(i) + " has " + std::to_string(ws[i].cols));
+  }
+  run_gemm_q8_multi(ws, ys, count, xq);
 }
 
 void matmul_rows(const WeightMatrix& w, const int32_t* rows, int64_t n_rows, const float* x, int64_t n, float* y,
                  ActPrecision prec) {
   check_weights(w, "matmul_rows");
+  if (w.layout != Layout::rows) throw KernelError("matmul_rows: listed rows need the row layout, not panels");
   check_row_ids(rows, n_rows, w.rows, "matmul_rows");
   matmul_impl(w, rows, n_rows, x, n, y, prec);
 }
@@ -191,13 +265,16 @@ void dequantize_rows(const WeightMatrix& w, const int32_t* rows, int64_t n_rows,
   } else if (n_rows != w.rows) {
     throw KernelError("dequantize: without a row list all " + std::to_string(w.rows) + " rows are written");
   }
-  const RowsView v = view_of(w, rows);
+  const RowsView v = view_of(w, nullptr);
   const DequantRowFn fn = kernels().dequant[int(w.fmt)].fn;
   const int64_t cols = w.cols;
+  const size_t rb = row_bytes(w.fmt, cols);
   const int64_t chunk = std::max<int64_t>(1, (256 << 10) / (cols * 4));
   ThreadPool::global().run((n_rows + chunk - 1) / chunk, [&](int64_t task, int) {
     const int64_t r1 = std::min(n_rows, (task + 1) * chunk);
-    for (int64_t r = task * chunk; r < r1; ++r) fn(v.row(r), cols, out + r * cols);
+    uint8_t* tmp = w.layout == Layout::panels ? reinterpret_cast<uint8_t*>(scratch_floats(rb / 4 + 1, 1)) : nullptr;
+    for (int64_t r = task * chunk; r < r1; ++r)
+      fn(row_of(v, w.layout, w.fmt, rows ? rows[r] : r, tmp), cols, out + r * cols);
   });
 }
 

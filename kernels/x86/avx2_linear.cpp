@@ -1,4 +1,6 @@
-// AVX2 level: quantized GEMM with maddubs (u8 x s8 -> s16 pairs), float GEMM, dequantization.
+// AVX2 level: quantized GEMM with maddubs (u8 x s8 -> s16 pairs) from the row layout and from
+// panels (avx2_panel.h), float GEMM, dequantization.
+#include "avx2_panel.h"
 #include "x86_float.h"
 #include "x86_quant.h"
 
@@ -33,6 +35,12 @@ void install_avx2(KernelTable& t) {
   t.gemm_q8[int(Format::q4_k)].set(gemm_q8<Avx2Core, Q4_K>, n);
   t.gemm_q8[int(Format::q6_k)].set(gemm_q8<Avx2Core, Q6_K>, n);
   t.gemm_q8[int(Format::q4_lut)].set(gemm_q8<Avx2Core, Q4_LUT>, n);
+  t.gemm_q8_panels[int(Format::q8_0)].set(gemm_panels<AQ8_0>, n);
+  t.gemm_q8_panels[int(Format::q4_0)].set(gemm_panels<AQ4_0>, n);
+  t.gemm_q8_panels[int(Format::q4_1)].set(gemm_panels<AQ4_1>, n);
+  t.gemm_q8_panels[int(Format::q5_0)].set(gemm_panels<AQ5_0>, n);
+  t.gemm_q8_panels[int(Format::q4_k)].set(gemm_panels<AQ4_K>, n);
+  t.gemm_q8_panels[int(Format::q6_k)].set(gemm_panels<AQ6_K>, n);
   t.gemm_f32[int(Format::f32)].set(gemm_f<false>, n);
   t.gemm_f32[int(Format::f16)].set(gemm_f<true>, n);
   t.dequant[int(Format::f32)].set(dequant_f<false>, n);

@@ -48,10 +48,10 @@ void attn_chunk(const AttnChunk& a) {
     for (int64_t r = 0; r < R && !any; ++r) {
       if (nb == 8) {
         uint64_t w;
-        std::memcpy(&w, a.vis + r * c + j0, 8);
+        std::memcpy(&w, a.vis + (r / a.group) * c + j0, 8);
         any = w != 0;
       } else {
-        for (int64_t j = 0; j < nb; ++j) any |= a.vis[r * c + j0 + j] != 0;
+        for (int64_t j = 0; j < nb; ++j) any |= a.vis[(r / a.group) * c + j0 + j] != 0;
       }
     }
     if (!any) {
@@ -76,13 +76,13 @@ void attn_chunk(const AttnChunk& a) {
       }
       const __m256 sc = _mm256_mul_ps(hsum8(acc), _mm256_set1_ps(a.scale));
       if (nb == 8) {
-        const __m256i v = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(a.vis + r * c + j0)));
+        const __m256i v = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(a.vis + (r / a.group) * c + j0)));
         const __m256 hidden = _mm256_castsi256_ps(_mm256_cmpeq_epi32(v, _mm256_setzero_si256()));
         _mm256_storeu_ps(s + r * c + j0, _mm256_blendv_ps(sc, _mm256_set1_ps(ninf), hidden));
       } else {
         alignas(32) float tmp[8];
         _mm256_store_ps(tmp, sc);
-        for (int64_t j = 0; j < nb; ++j) s[r * c + j0 + j] = a.vis[r * c + j0 + j] ? tmp[j] : ninf;
+        for (int64_t j = 0; j < nb; ++j) s[r * c + j0 + j] = a.vis[(r / a.group) * c + j0 + j] ? tmp[j] : ninf;
       }
     }
   }

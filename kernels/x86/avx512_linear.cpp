@@ -1,4 +1,5 @@
-// AVX-512 level: the quantized GEMM on 16-row panels with VNNI dpbusd (avx512_panel.h).
+// AVX-512 level: the quantized GEMM on 16-row panels with VNNI dpbusd (avx512_panel.h), from the
+// row layout (transposed on the fly) and from the panel layout (kernels.h).
 // Everything else comes from the AVX2 level below it in the dispatch table.
 #include "avx512_panel.h"
 
@@ -13,5 +14,15 @@ void install_avx512(KernelTable& t) {
   t.gemm_q8[int(Format::q4_k)].set(gemm_q8_panels<PQ4_K>, n);
   t.gemm_q8[int(Format::q6_k)].set(gemm_q8_panels<PQ6_K>, n);
   t.gemm_q8[int(Format::q4_lut)].set(gemm_q8_panels<PQ4_LUT>, n);
+  t.gemm_q8_panels[int(Format::q8_0)].set(gemm_q8_packed<PQ8_0>, n);
+  t.gemm_q8_panels[int(Format::q4_0)].set(gemm_q8_packed<PQ4_0>, n);
+  t.gemm_q8_panels[int(Format::q4_1)].set(gemm_q8_packed<PQ4_1>, n);
+  t.gemm_q8_panels[int(Format::q5_0)].set(gemm_q8_packed<PQ5_0>, n);
+  t.gemm_q8_panels[int(Format::q4_k)].set(gemm_q8_packed<PQ4_K>, n);
+  t.gemm_q8_panels[int(Format::q6_k)].set(gemm_q8_packed<PQ6_K>, n);
+  void install_avx512_ops(KernelTable & t);
+  install_avx512_ops(t);
+  void install_avx512_down(KernelTable & t);
+  install_avx512_down(t);
 }
 }  // namespace ef

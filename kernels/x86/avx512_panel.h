@@ -31,29 +31,30 @@ namespace {
 // The helpers below pass registers in small arrays; they must be inlined to stay in registers.
 #define EF_INLINE inline __attribute__((always_inline))
 
-constexpr int kPanelRows = 16;  // rows per panel = int32 lanes of a zmm register
+constexpr int kPanelRows = 16;  // rows per panel = int32 lanes of a zmm register (= ef::kPanelRows)
 constexpr int kTileTokens = 8;  // tokens per register tile
-// How far ahead a streamed matrix is requested: enough bytes in flight to cover DRAM latency
-// (one panel ahead into L1 left a 4-bit LM head at 10-19 GB/s per core), not so far that the
-// requests evict the panel being computed from L2.
-constexpr size_t kPrefetchBytes = 24 << 10;
+// How far ahead a matrix is requested: enough bytes in flight to cover DRAM latency. Measured on
+// the decode sweep of Qwen2.5-Coder-1.5B's matrices (benchmarks/kernels/decode_sweep.cpp, one
+// thread, CPU time): no prefetch 15 GB/s; 8-96 KiB ahead into L2 26.5-28 GB/s; into L1 12-24 KiB
+// ahead 30-33 GB/s, 32-48 KiB 29 GB/s.
+constexpr size_t kPrefetchBytes = 16 << 10;
 
-// The rows of one panel. Lanes past the last row repeat the first row, so every load stays
-// inside the matrix; their results are never stored.
+// The rows of one panel in the row layout. Lanes past the last row repeat the first row, so every
+// load stays inside the matrix; their results are never stored.
 struct Panel {
   const uint8_t* p[kPanelRows];
 };
 
-// A panel's bytes `ahead` panels on, requested into L2 a slice per decoded step while this panel
-// is computed, when the matrix streams from DRAM (the 16 row streams of a panel defeat the
-// hardware prefetcher).
+// A panel's bytes `ahead` panels on, requested a slice per decoded step while this panel is
+// computed: in a forward pass every matrix streams from DRAM, and the 16 row streams of a panel in
+// the row layout defeat the hardware prefetcher.
 struct Prefetch {
   const uint8_t* next = nullptr;  // null: no prefetch
   size_t slice = 0;               // bytes per step
   EF_INLINE void step(int64_t s) const {
     if (!next) return;
     const char* p = reinterpret_cast<const char*>(next) + static_cast<size_t>(s) * slice;
-    for (size_t b = 0; b < slice; b += 64) _mm_prefetch(p + b, _MM_HINT_T1);
+    for (size_t b = 0; b < slice; b += 64) _mm_prefetch(p + b, _MM_HINT_T0);
   }
 };
 
@@ -196,14 +197,55 @@ EF_INLINE void fields16x4(const Panel& P, size_t at, int nb, __m512 out[4]) {
   }
 }
 
-// Scale table of 32-block formats: tab[(u * SV + slot) * 16 + i] = field at Off of block u, row i.
-template <int Off, int BB, int SV, int Slot>
-EF_INLINE void block_fields(const Panel& P, size_t header, int64_t nu, float* tab) {
-  for (int64_t u0 = 0; u0 < nu; u0 += 4) {
-    const int nb = static_cast<int>(std::min<int64_t>(4, nu - u0));
+// ---------------------------------------------------------------- panel sources
+// A format reads a panel through its source: `words4` / `words8` give 4 / 8 registers of 4-byte
+// words (register j lane i = word at byte off + 4 j of row i), `halves` the fp16 field at byte Off
+// of nb consecutive blocks as floats (lane i = row i). RowSource transposes rows of the GGUF
+// layout; PackedSource loads the panel layout, where each of those registers is stored as it is.
+
+struct RowSource {
+  static constexpr bool kPacked = false;
+  Panel P;
+  EF_INLINE void words4(size_t off, __m512i o[4]) const { transpose16x4(P, off, o); }
+  template <uint32_t Mask = 0xFFFFFFFFu>
+  EF_INLINE void words8(size_t off, __m512i o[8]) const {
+    transpose16x8<Mask>(P, off, o);
+  }
+  template <int Off, int BB>
+  EF_INLINE void halves(size_t at, int nb, __m512 out[4]) const {
+    fields16x4<Off, BB>(P, at, nb, out);
+  }
+  const uint8_t* row(int i) const { return P.p[i]; }
+};
+
+struct PackedSource {
+  static constexpr bool kPacked = true;
+  const uint8_t* base;  // the panel
+  EF_INLINE const uint8_t* at(size_t off) const { return base + kPanelRows * off; }
+  EF_INLINE void words4(size_t off, __m512i o[4]) const {
+    for (int j = 0; j < 4; ++j) o[j] = _mm512_loadu_si512(at(off) + 64 * j);
+  }
+  template <uint32_t Mask = 0xFFFFFFFFu>
+  EF_INLINE void words8(size_t off, __m512i o[8]) const {
+    constexpr int kWords = __builtin_popcount(Mask) / 4;  // masks cover whole leading words
+    for (int j = 0; j < 8; ++j) o[j] = j < kWords ? _mm512_loadu_si512(at(off) + 64 * j) : _mm512_setzero_si512();
+  }
+  template <int Off, int BB>
+  EF_INLINE void halves(size_t first, int nb, __m512 out[4]) const {
+    for (int j = 0; j < nb; ++j)
+      out[j] = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(at(first + j * BB + Off))));
+  }
+};
+
+// Scale table of 32-block formats for units [u0, u0 + nu):
+// tab[((u - u0) * SV + slot) * 16 + i] = field at Off of block u, row i.
+template <int Off, int BB, int SV, int Slot, class Src>
+EF_INLINE void block_fields(const Src& P, size_t header, int64_t u0, int64_t nu, float* tab) {
+  for (int64_t v = 0; v < nu; v += 4) {
+    const int nb = static_cast<int>(std::min<int64_t>(4, nu - v));
     __m512 f[4];
-    fields16x4<Off, BB>(P, header + static_cast<size_t>(u0) * BB, nb, f);
-    for (int j = 0; j < nb; ++j) _mm512_store_ps(tab + ((u0 + j) * SV + Slot) * kPanelRows, f[j]);
+    P.template halves<Off, BB>(header + static_cast<size_t>(u0 + v) * BB, nb, f);
+    for (int j = 0; j < nb; ++j) _mm512_store_ps(tab + ((v + j) * SV + Slot) * kPanelRows, f[j]);
   }
 }
 
@@ -217,14 +259,15 @@ EF_INLINE __m512 fp16_lanes(__m512i v) { return _mm512_cvtph_ps(_mm512_cvtepi32_
 //   kShift       log2 of the code offset o (the int32 sum starts at -o * S), or -1 for none
 //   kFloatBias   acc += b * dx * S after each unit (offsets that are not integer multiples of a)
 //   kSplit       the two 16-element halves of a unit have their own scale (q6_k)
-//   scales(P, nu, tab)    fills the scale table of the panel for all nu units
-//   codes(P, step, w)     w[j][g]: unsigned codes of unit step * kStepUnits + j
+//   scales(P, u0, nu, tab)   fills the scale table for units [u0, u0 + nu) (whole super-blocks)
+//   codes(P, step, w)        w[j][g]: unsigned codes of unit step * kStepUnits + j
 
 // The 16 nibble bytes at `off` of every row of a unit (q4_0, q4_1): low nibbles are codes 0-15,
 // high nibbles codes 16-31, as unsigned bytes in the transposed register layout.
-EF_INLINE void nibble_codes(const Panel& P, size_t off, __m512i w[8]) {
+template <class Src>
+EF_INLINE void nibble_codes(const Src& P, size_t off, __m512i w[8]) {
   __m512i o[4];
-  transpose16x4(P, off, o);
+  P.words4(off, o);
   const __m512i m = splat8(0x0F);
   for (int j = 0; j < 4; ++j) {
     w[j] = _mm512_and_si512(o[j], m);
@@ -235,8 +278,12 @@ EF_INLINE void nibble_codes(const Panel& P, size_t off, __m512i w[8]) {
 struct PQ4_0 {
   static constexpr int kBB = 18, kHeader = 0, kStepUnits = 1, kSV = 1, kShift = 3;
   static constexpr bool kFloatBias = false, kSplit = false;
-  static void scales(const Panel& P, int64_t nu, float* tab) { block_fields<0, kBB, kSV, 0>(P, 0, nu, tab); }
-  static EF_INLINE void codes(const Panel& P, int64_t u, __m512i w[][8]) {
+  template <class Src>
+  static EF_INLINE void scales(const Src& P, int64_t u0, int64_t nu, float* tab) {
+    block_fields<0, kBB, kSV, 0>(P, 0, u0, nu, tab);
+  }
+  template <class Src>
+  static EF_INLINE void codes(const Src& P, int64_t u, __m512i w[][8]) {
     nibble_codes(P, static_cast<size_t>(u) * kBB + 2, w[0]);
   }
 };
@@ -244,11 +291,13 @@ struct PQ4_0 {
 struct PQ4_1 {
   static constexpr int kBB = 20, kHeader = 0, kStepUnits = 1, kSV = 2, kShift = -1;
   static constexpr bool kFloatBias = true, kSplit = false;
-  static void scales(const Panel& P, int64_t nu, float* tab) {
-    block_fields<0, kBB, kSV, 0>(P, 0, nu, tab);
-    block_fields<2, kBB, kSV, 1>(P, 0, nu, tab);
+  template <class Src>
+  static EF_INLINE void scales(const Src& P, int64_t u0, int64_t nu, float* tab) {
+    block_fields<0, kBB, kSV, 0>(P, 0, u0, nu, tab);
+    block_fields<2, kBB, kSV, 1>(P, 0, u0, nu, tab);
   }
-  static EF_INLINE void codes(const Panel& P, int64_t u, __m512i w[][8]) {
+  template <class Src>
+  static EF_INLINE void codes(const Src& P, int64_t u, __m512i w[][8]) {
     nibble_codes(P, static_cast<size_t>(u) * kBB + 4, w[0]);
   }
 };
@@ -256,11 +305,15 @@ struct PQ4_1 {
 struct PQ5_0 {
   static constexpr int kBB = 22, kHeader = 0, kStepUnits = 1, kSV = 1, kShift = 4;
   static constexpr bool kFloatBias = false, kSplit = false;
-  static void scales(const Panel& P, int64_t nu, float* tab) { block_fields<0, kBB, kSV, 0>(P, 0, nu, tab); }
-  static EF_INLINE void codes(const Panel& P, int64_t u, __m512i w[][8]) {
+  template <class Src>
+  static EF_INLINE void scales(const Src& P, int64_t u0, int64_t nu, float* tab) {
+    block_fields<0, kBB, kSV, 0>(P, 0, u0, nu, tab);
+  }
+  template <class Src>
+  static EF_INLINE void codes(const Src& P, int64_t u, __m512i w[][8]) {
     // qh (4 bytes) and the 16 nibble bytes: 20 bytes from byte 2 of the block
     __m512i o[8];
-    transpose16x8<0xFFFFFu>(P, static_cast<size_t>(u) * kBB + 2, o);
+    P.template words8<0xFFFFFu>(static_cast<size_t>(u) * kBB + 2, o);
     const __m512i m = splat8(0x0F), hi = splat8(0x10);
     for (int j = 0; j < 4; ++j) {
       w[0][j] = _mm512_and_si512(o[1 + j], m);
@@ -280,26 +333,32 @@ struct PQ5_0 {
 struct PQ8_0 {
   static constexpr int kBB = 34, kHeader = 0, kStepUnits = 1, kSV = 1, kShift = 7;
   static constexpr bool kFloatBias = false, kSplit = false;
-  static void scales(const Panel& P, int64_t nu, float* tab) { block_fields<0, kBB, kSV, 0>(P, 0, nu, tab); }
-  static EF_INLINE void codes(const Panel& P, int64_t u, __m512i w[][8]) {
+  template <class Src>
+  static EF_INLINE void scales(const Src& P, int64_t u0, int64_t nu, float* tab) {
+    block_fields<0, kBB, kSV, 0>(P, 0, u0, nu, tab);
+  }
+  template <class Src>
+  static EF_INLINE void codes(const Src& P, int64_t u, __m512i w[][8]) {
     __m512i o[8];
-    transpose16x8(P, static_cast<size_t>(u) * kBB + 2, o);
+    P.words8(static_cast<size_t>(u) * kBB + 2, o);
     for (int g = 0; g < 8; ++g) w[0][g] = _mm512_xor_si512(o[g], splat8(0x80));  // signed c -> c + 128
   }
 };
 
+// Row layout only: each row has its own 16-level table.
 struct PQ4_LUT {
   static constexpr int kBB = 16, kHeader = 32, kStepUnits = 1, kSV = 1, kShift = 7;
   static constexpr bool kFloatBias = false, kSplit = false;
-  static void scales(const Panel& P, int64_t nu, float* tab) {
+  static EF_INLINE void scales(const RowSource& S, int64_t, int64_t nu, float* tab) {
     alignas(64) float s[kPanelRows];
-    for (int i = 0; i < kPanelRows; ++i) std::memcpy(&s[i], P.p[i], 4);
+    for (int i = 0; i < kPanelRows; ++i) std::memcpy(&s[i], S.P.p[i], 4);
     const __m512 a = _mm512_load_ps(s);
     for (int64_t u = 0; u < nu; ++u) _mm512_store_ps(tab + u * kPanelRows, a);
   }
-  static EF_INLINE void codes(const Panel& P, int64_t u, __m512i w[][8]) {
+  static EF_INLINE void codes(const RowSource& S, int64_t u, __m512i w[][8]) {
     // Each row has its own 16-level table, so the codes are looked up row by row (two rows per
     // 256-bit shuffle, one table per 128-bit lane) before the transpose.
+    const Panel& P = S.P;
     const size_t off = kHeader + static_cast<size_t>(u) * kBB;
     const __m256i m = _mm256_set1_epi8(0x0F);
     __m512i r[8];
@@ -326,14 +385,15 @@ struct PQ4_LUT {
 struct PQ4_K {
   static constexpr int kBB = 144, kHeader = 0, kStepUnits = 2, kSV = 2, kShift = -1;
   static constexpr bool kFloatBias = true, kSplit = false;
-  static void scales(const Panel& P, int64_t nu, float* tab) {
+  template <class Src>
+  static EF_INLINE void scales(const Src& P, int64_t u0, int64_t nu, float* tab) {
     const __m512i m6 = _mm512_set1_epi32(63), m4 = _mm512_set1_epi32(15), m2 = _mm512_set1_epi32(3);
-    for (int64_t sb = 0; sb < nu / 8; ++sb) {
+    for (int64_t sb = u0 / 8; sb < (u0 + nu) / 8; ++sb) {
       __m512i o[4];  // o[0] = d | dmin << 16, o[1..3] = scale bytes 0-3, 4-7, 8-11
-      transpose16x4(P, static_cast<size_t>(sb) * kBB, o);
+      P.words4(static_cast<size_t>(sb) * kBB, o);
       const __m512 d = fp16_lanes(o[0]);
       const __m512 nmin = _mm512_sub_ps(_mm512_setzero_ps(), fp16_lanes(_mm512_srli_epi32(o[0], 16)));
-      float* t = tab + sb * 8 * kSV * kPanelRows;
+      float* t = tab + (sb - u0 / 8) * 8 * kSV * kPanelRows;
       for (int j = 0; j < 8; ++j) {
         __m512i sc, mn;
         if (j < 4) {
@@ -351,9 +411,10 @@ struct PQ4_K {
       }
     }
   }
-  static EF_INLINE void codes(const Panel& P, int64_t step, __m512i w[][8]) {
+  template <class Src>
+  static EF_INLINE void codes(const Src& P, int64_t step, __m512i w[][8]) {
     __m512i o[8];
-    transpose16x8(P, static_cast<size_t>(step / 4) * kBB + 16 + 32 * (step % 4), o);
+    P.words8(static_cast<size_t>(step / 4) * kBB + 16 + 32 * (step % 4), o);
     const __m512i m = splat8(0x0F);
     for (int g = 0; g < 8; ++g) {
       w[0][g] = _mm512_and_si512(o[g], m);
@@ -367,12 +428,21 @@ struct PQ4_K {
 struct PQ6_K {
   static constexpr int kBB = 210, kHeader = 0, kStepUnits = 4, kSV = 2, kShift = 5;
   static constexpr bool kFloatBias = false, kSplit = true;
-  static void scales(const Panel& P, int64_t nu, float* tab) {
-    for (int64_t sb = 0; sb < nu / 8; ++sb) {
-      __m512i o[8];  // o[0..3]: the 16 scales, 4 per lane; o[4]: d (18 bytes read, none past the block)
-      transpose16x8<0x3FFFFu>(P, static_cast<size_t>(sb) * kBB + 192, o);
-      const __m512 d = fp16_lanes(o[4]);
-      float* t = tab + sb * 8 * kSV * kPanelRows;
+  template <class Src>
+  static EF_INLINE void scales(const Src& P, int64_t u0, int64_t nu, float* tab) {
+    for (int64_t sb = u0 / 8; sb < (u0 + nu) / 8; ++sb) {
+      __m512i o[8];  // o[0..3]: the 16 scales, 4 per lane
+      __m512 d;
+      if constexpr (Src::kPacked) {
+        P.words4(static_cast<size_t>(sb) * kBB + 192, o);
+        __m512 h[4];
+        P.template halves<208, kBB>(static_cast<size_t>(sb) * kBB, 1, h);
+        d = h[0];
+      } else {  // o[4]: d (18 bytes read, none past the block)
+        P.template words8<0x3FFFFu>(static_cast<size_t>(sb) * kBB + 192, o);
+        d = fp16_lanes(o[4]);
+      }
+      float* t = tab + (sb - u0 / 8) * 8 * kSV * kPanelRows;
       for (int s = 0; s < 16; ++s) {
         const __m512i v = _mm512_srai_epi32(_mm512_slli_epi32(o[s >> 2], 24 - 8 * (s & 3)), 24);
         // scale s covers elements 16 s .. 16 s + 15: unit s / 2, half s % 2
@@ -380,13 +450,14 @@ struct PQ6_K {
       }
     }
   }
-  static EF_INLINE void codes(const Panel& P, int64_t step, __m512i w[][8]) {
+  template <class Src>
+  static EF_INLINE void codes(const Src& P, int64_t step, __m512i w[][8]) {
     const size_t base = static_cast<size_t>(step / 2) * kBB;
     const int h = static_cast<int>(step % 2);
     __m512i a[8], b[8], q[8];
-    transpose16x8(P, base + 64 * h, a);
-    transpose16x8(P, base + 64 * h + 32, b);
-    transpose16x8(P, base + 128 + 32 * h, q);
+    P.words8(base + 64 * h, a);
+    P.words8(base + 64 * h + 32, b);
+    P.words8(base + 128 + 32 * h, q);
     const __m512i m4 = splat8(0x0F), m2 = splat8(0x30);
     constexpr int kLowOrHigh = 0xEA;  // (A & B) | C
     for (int g = 0; g < 8; ++g) {
@@ -468,20 +539,30 @@ EF_INLINE void store_tile(const __m512 acc[NT], float* y, int64_t t0, int64_t ld
   for (int t = 0; t < NT; ++t) _mm512_mask_storeu_ps(y + (t0 + t) * ldy, valid, acc[t]);
 }
 
-// Up to 8 tokens: decode each step of units and use it at once.
-template <class F, int NT>
-void panel_direct(const Panel& P, int64_t nu, const float* tab, const Q8View& x, int64_t t0, float* y, int64_t ldy,
-                  __mmask16 valid, const Prefetch& pf) {
+// Units whose scales are decoded together on the GEMV path: one K-quant super-block, or 8 blocks
+// (two gathers of 4): a small table that stays in L1, read right after the bytes it came from.
+constexpr int kGroupUnits = 8;
+
+// Up to 8 tokens: decode each step of units and use it at once, scales a group at a time.
+template <class F, int NT, class Src>
+void panel_direct(const Src& P, int64_t nu, const Q8View& x, int64_t t0, float* y, int64_t ldy, __mmask16 valid,
+                  const Prefetch& pf) {
+  static_assert(kGroupUnits % F::kStepUnits == 0, "a group holds whole steps");
   const Tokens<NT> tk(x, t0, F::kSplit);
+  alignas(64) float tab[kGroupUnits * F::kSV * kPanelRows];
   __m512 acc[NT];
   for (int t = 0; t < NT; ++t) acc[t] = _mm512_setzero_ps();
-  for (int64_t step = 0; step < nu / F::kStepUnits; ++step) {
-    pf.step(step);
-    __m512i w[F::kStepUnits][8];
-    F::codes(P, step, w);
-    for (int j = 0; j < F::kStepUnits; ++j) {
-      const int64_t u = step * F::kStepUnits + j;
-      unit_tokens<F, NT>(w[j], tab + u * F::kSV * kPanelRows, tk, u, acc);
+  for (int64_t g0 = 0; g0 < nu; g0 += kGroupUnits) {
+    const int64_t gn = std::min<int64_t>(kGroupUnits, nu - g0);
+    F::scales(P, g0, gn, tab);
+    for (int64_t step = g0 / F::kStepUnits; step < (g0 + gn) / F::kStepUnits; ++step) {
+      pf.step(step);
+      __m512i w[F::kStepUnits][8];
+      F::codes(P, step, w);
+      for (int j = 0; j < F::kStepUnits; ++j) {
+        const int64_t u = step * F::kStepUnits + j;
+        unit_tokens<F, NT>(w[j], tab + (u - g0) * F::kSV * kPanelRows, tk, u, acc);
+      }
     }
   }
   store_tile<NT>(acc, y, t0, ldy, valid);
@@ -502,9 +583,12 @@ void panel_tile(const __m512i* codes, int64_t nu, const float* tab, const Q8View
   store_tile<NT>(acc, y, t0, ldy, valid);
 }
 
-template <class F>
-void panel_packed(const Panel& P, int64_t nu, const float* tab, __m512i* codes, const Q8View& x, int64_t t0,
-                  int64_t t1, float* y, int64_t ldy, __mmask16 valid, const Prefetch& pf) {
+// More than 8 tokens: decode the whole panel once (scales and codes) and run every tile of
+// tokens over it from L1/L2.
+template <class F, class Src>
+void panel_packed(const Src& P, int64_t nu, float* tab, __m512i* codes, const Q8View& x, int64_t t0, int64_t t1,
+                  float* y, int64_t ldy, __mmask16 valid, const Prefetch& pf) {
+  F::scales(P, 0, nu, tab);
   for (int64_t step = 0; step < nu / F::kStepUnits; ++step) {
     pf.step(step);
     __m512i w[F::kStepUnits][8];
@@ -526,40 +610,63 @@ void panel_packed(const Panel& P, int64_t nu, const float* tab, __m512i* codes, 
   }
 }
 
-// The table entry: rows [r0, r1) in panels of 16, tokens [t0, t1).
+template <class F, class Src>
+void run_panel(const Src& P, int64_t nu, float* tab, __m512i* codes, const Q8View& x, int64_t t0, int64_t t1,
+               float* yp, int64_t ldy, __mmask16 vm, const Prefetch& pf) {
+  switch (t1 - t0) {
+    case 1: panel_direct<F, 1>(P, nu, x, t0, yp, ldy, vm, pf); break;
+    case 2: panel_direct<F, 2>(P, nu, x, t0, yp, ldy, vm, pf); break;
+    case 3: panel_direct<F, 3>(P, nu, x, t0, yp, ldy, vm, pf); break;
+    case 4: panel_direct<F, 4>(P, nu, x, t0, yp, ldy, vm, pf); break;
+    case 5: panel_direct<F, 5>(P, nu, x, t0, yp, ldy, vm, pf); break;
+    case 6: panel_direct<F, 6>(P, nu, x, t0, yp, ldy, vm, pf); break;
+    case 7: panel_direct<F, 7>(P, nu, x, t0, yp, ldy, vm, pf); break;
+    case 8: panel_direct<F, 8>(P, nu, x, t0, yp, ldy, vm, pf); break;
+    default: panel_packed<F>(P, nu, tab, codes, x, t0, t1, yp, ldy, vm, pf); break;
+  }
+}
+
+// Rows [r0, r1) in panels of 16, tokens [t0, t1); Packed: the panel layout, else the row layout.
+// Every matrix is prefetched ahead of the panel being computed: in a model's forward pass each
+// matrix is read once and streams from DRAM, whatever its size.
+template <class F, bool Packed>
+void gemm_panels(const RowsView& w, int64_t r0, int64_t r1, const Q8View& x, int64_t t0, int64_t t1, float* y,
+                 int64_t ldy) {
+  const int64_t nu = w.cols / 32, nt = t1 - t0;
+  float* tab = nt > kTileTokens ? panel_scratch<float>(static_cast<size_t>(nu * F::kSV * kPanelRows), 0) : nullptr;
+  __m512i* codes = nt > kTileTokens ? panel_scratch<__m512i>(static_cast<size_t>(nu * 8), 1) : nullptr;
+  const size_t panel_span = kPanelRows * w.stride;
+  const int64_t steps = nu / F::kStepUnits;
+  const int64_t rows = w.rows > 0 ? w.rows : r1;
+  Prefetch pf;
+  pf.slice = (panel_span / static_cast<size_t>(steps) + 63) & ~static_cast<size_t>(63);
+  const int64_t ahead = std::clamp<int64_t>(static_cast<int64_t>(kPrefetchBytes / panel_span), 1, 8);
+  for (int64_t p0 = r0; p0 < r1; p0 += kPanelRows) {
+    const bool more = !w.index && p0 + (ahead + 1) * kPanelRows <= rows;
+    pf.next = more ? w.panel(p0) + ahead * panel_span : nullptr;
+    const int valid = static_cast<int>(std::min<int64_t>(kPanelRows, r1 - p0));
+    float* yp = y + (p0 - r0);
+    const __mmask16 vm = static_cast<__mmask16>((1u << valid) - 1);
+    if constexpr (Packed) {
+      run_panel<F>(PackedSource{w.panel(p0)}, nu, tab, codes, x, t0, t1, yp, ldy, vm, pf);
+    } else {
+      RowSource src;
+      for (int i = 0; i < kPanelRows; ++i) src.P.p[i] = w.row(i < valid ? p0 + i : p0);
+      run_panel<F>(src, nu, tab, codes, x, t0, t1, yp, ldy, vm, pf);
+    }
+  }
+}
+
 template <class F>
 void gemm_q8_panels(const RowsView& w, int64_t r0, int64_t r1, const Q8View& x, int64_t t0, int64_t t1, float* y,
                     int64_t ldy) {
-  const int64_t nu = w.cols / 32, nt = t1 - t0;
-  float* tab = panel_scratch<float>(static_cast<size_t>(nu * F::kSV * kPanelRows), 0);
-  __m512i* codes = nt > kTileTokens ? panel_scratch<__m512i>(static_cast<size_t>(nu * 8), 1) : nullptr;
-  // Prefetch only what cannot be cache resident: consecutive rows of a matrix above 1 MiB.
-  const size_t row_span = w.stride;
-  const bool stream = !w.index && static_cast<size_t>(r1 - r0) * row_span > (1u << 20);
-  const int64_t steps = nu / F::kStepUnits;
-  Prefetch pf;
-  pf.slice = (kPanelRows * row_span / static_cast<size_t>(steps) + 63) & ~static_cast<size_t>(63);
-  const int64_t ahead = std::clamp<int64_t>(static_cast<int64_t>(kPrefetchBytes / (kPanelRows * row_span)), 1, 8);
-  for (int64_t p0 = r0; p0 < r1; p0 += kPanelRows) {
-    pf.next = stream && p0 + (ahead + 1) * kPanelRows <= r1 ? w.row(p0 + ahead * kPanelRows) : nullptr;
-    const int valid = static_cast<int>(std::min<int64_t>(kPanelRows, r1 - p0));
-    Panel P;
-    for (int i = 0; i < kPanelRows; ++i) P.p[i] = w.row(i < valid ? p0 + i : p0);
-    F::scales(P, nu, tab);
-    float* yp = y + (p0 - r0);
-    const __mmask16 vm = static_cast<__mmask16>((1u << valid) - 1);
-    switch (nt) {
-      case 1: panel_direct<F, 1>(P, nu, tab, x, t0, yp, ldy, vm, pf); break;
-      case 2: panel_direct<F, 2>(P, nu, tab, x, t0, yp, ldy, vm, pf); break;
-      case 3: panel_direct<F, 3>(P, nu, tab, x, t0, yp, ldy, vm, pf); break;
-      case 4: panel_direct<F, 4>(P, nu, tab, x, t0, yp, ldy, vm, pf); break;
-      case 5: panel_direct<F, 5>(P, nu, tab, x, t0, yp, ldy, vm, pf); break;
-      case 6: panel_direct<F, 6>(P, nu, tab, x, t0, yp, ldy, vm, pf); break;
-      case 7: panel_direct<F, 7>(P, nu, tab, x, t0, yp, ldy, vm, pf); break;
-      case 8: panel_direct<F, 8>(P, nu, tab, x, t0, yp, ldy, vm, pf); break;
-      default: panel_packed<F>(P, nu, tab, codes, x, t0, t1, yp, ldy, vm, pf); break;
-    }
-  }
+  gemm_panels<F, false>(w, r0, r1, x, t0, t1, y, ldy);
+}
+
+template <class F>
+void gemm_q8_packed(const RowsView& w, int64_t r0, int64_t r1, const Q8View& x, int64_t t0, int64_t t1, float* y,
+                    int64_t ldy) {
+  gemm_panels<F, true>(w, r0, r1, x, t0, t1, y, ldy);
 }
 
 }  // namespace

@@ -38,6 +38,11 @@ struct LayerWeights {
   // A bundle's one copy of the FFN: rows = neurons, cols = d_model, stride = one neuron bundle;
   // when set, gate/up/down are unused (the engine runs the FFN over every neuron of the arena).
   WeightMatrix ffn_arena;
+  // The same arena laid out at load for the kernels (resident weights): gate and up hold its gate
+  // and up rows in panels, down_columns its down columns (rows = neurons, cols = d_model, one
+  // neuron's down column per row, the arena's down format). When set, the FFN runs as gate and up
+  // in one pass and a column product; ffn_arena stays set for runs with gate thresholds.
+  WeightMatrix down_columns;
   const float* attn_norm = nullptr;
   const float* ffn_norm = nullptr;
   const float* post_attn_norm = nullptr;

@@ -9,6 +9,10 @@
 #include <nanobind/stl/string.h>
 #include <nanobind/stl/vector.h>
 
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <algorithm>
 #include <memory>
 #include <string>
 
@@ -73,18 +77,50 @@ class PyEngine {
     engine_->set_layer_source(&layers_);
   }
 
-  // `stride` > 0: rows lie `stride` bytes apart (a neuron arena's bundles), else packed.
-  WeightMatrix matrix(const In& raw, const std::string& fmt, int64_t rows, int64_t cols, size_t stride = 0) {
+  // A weight matrix the engine reads. `stride` > 0: rows lie `stride` bytes apart (a neuron
+  // arena's bundles), else packed. With `panels`, a packed matrix in a format the kernels run
+  // faster from the panel layout is copied into it now (the copy is the engine's; `raw` is not
+  // kept); *packed says whether it was. With `drop_source` (raw is a read-only file mapping), the
+  // file's pages are dropped from this process slice by slice as they are copied, so a matrix is
+  // never resident twice, not even while it is being laid out.
+  WeightMatrix matrix(const In& raw, const std::string& fmt, int64_t rows, int64_t cols, size_t stride = 0,
+                      bool panels = false, bool* packed = nullptr, bool drop_source = false) {
     const Format f = fmt_of(fmt);
-    if (stride && stride < row_bytes(f, cols))
+    const size_t rb = row_bytes(f, cols);
+    if (stride && stride < rb)
       throw KernelError("row stride " + std::to_string(stride) + " is shorter than a row of " + fmt + " x " +
                         std::to_string(cols));
-    const size_t need = static_cast<size_t>(rows) * (stride ? stride : row_bytes(f, cols));
+    const size_t need = static_cast<size_t>(rows) * (stride ? stride : rb);
     if (nbytes(raw) != need)
       throw KernelError("weight buffer has " + std::to_string(nbytes(raw)) + " bytes, " + std::to_string(rows) +
                         " rows of " + fmt + " x " + std::to_string(cols) + " need " + std::to_string(need));
+    const WeightMatrix w{bytes(raw, "weights"), need, f, rows, cols, stride};
+    if (packed) *packed = false;
+    if (panels && !stride && prefers_panels(f)) {
+      memory::AlignedBuffer buf(panel_bytes(f, rows, cols));
+      {
+        nb::gil_scoped_release release;
+        const int64_t slice = std::max<int64_t>(kPanelRows, static_cast<int64_t>((4u << 20) / rb) / kPanelRows * kPanelRows);
+        const uintptr_t page = static_cast<uintptr_t>(sysconf(_SC_PAGESIZE));
+        uintptr_t dropped = (reinterpret_cast<uintptr_t>(w.data) + page - 1) / page * page;  // first whole page
+        for (int64_t r0 = 0; r0 < rows; r0 += slice) {
+          const int64_t n = std::min(slice, rows - r0);
+          const WeightMatrix part{w.data + r0 * rb, static_cast<size_t>(n) * rb, f, n, cols, 0};
+          pack_panels(part, buf.data() + r0 * rb, panel_bytes(f, n, cols));
+          const uintptr_t end = reinterpret_cast<uintptr_t>(w.data + (r0 + n) * rb) / page * page;
+          if (drop_source && end > dropped) {
+            ::madvise(reinterpret_cast<void*>(dropped), end - dropped, MADV_DONTNEED);
+            dropped = end;
+          }
+        }
+      }
+      const WeightMatrix p{buf.data(), buf.size(), f, rows, cols, 0, Layout::panels};
+      panels_.push_back(std::move(buf));
+      if (packed) *packed = true;
+      return p;
+    }
     keep_.push_back(raw);
-    return WeightMatrix{bytes(raw, "weights"), need, f, rows, cols, stride};
+    return w;
   }
 
   void set_embedding(const In& raw, const std::string& fmt, int64_t rows, int64_t cols) {
@@ -92,9 +128,11 @@ class PyEngine {
     engine_->set_embedding(matrix(raw, fmt, rows, cols));
   }
 
-  void set_head(const In& raw, const std::string& fmt, int64_t rows, int64_t cols) {
+  bool set_head(const In& raw, const std::string& fmt, int64_t rows, int64_t cols, bool panels, bool drop_source) {
     check_dims(rows, vocab_rows(), cols, shape().d_model, "head");
-    engine_->set_head(matrix(raw, fmt, rows, cols));
+    bool packed = false;
+    engine_->set_head(matrix(raw, fmt, rows, cols, 0, panels, &packed, drop_source));
+    return packed;
   }
 
   void set_head_shortlist(const In& raw, const std::string& fmt, const In& ids) {
@@ -109,15 +147,60 @@ class PyEngine {
     engine_->set_output_norm(exact<float>(w, static_cast<size_t>(shape().d_model), "output_norm"));
   }
 
-  void set_matrix(int64_t layer, const std::string& name, const In& raw, const std::string& fmt, int64_t rows,
-                  int64_t cols, size_t stride) {
+  bool set_matrix(int64_t layer, const std::string& name, const In& raw, const std::string& fmt, int64_t rows,
+                  int64_t cols, size_t stride, bool panels, bool drop_source) {
     const Slot slot = slot_named(name);
     if (!is_matrix(slot)) throw KernelError("'" + name + "' is a vector, not a matrix");
     if ((slot == Slot::ffn_arena) != (stride > 0))
       throw KernelError("'" + name + "': only an FFN arena has a row stride (one neuron bundle)");
     const auto [want_rows, want_cols] = slot_dims(shape(), slot);
     check_dims(rows, want_rows, cols, want_cols, name);
-    layer_at(layer).matrix(slot) = matrix(raw, fmt, rows, cols, stride);
+    bool packed = false;
+    layer_at(layer).matrix(slot) = matrix(raw, fmt, rows, cols, stride, panels, &packed, drop_source);
+    if (slot == Slot::ffn_arena && panels && prefers_panels(fmt_of(fmt)))
+      packed = lay_out_arena(layer, layer_at(layer).ffn_arena, drop_source);
+    return packed;
+  }
+
+  // A bundle's FFN arena laid out for the kernels: its gate and up rows copied into panels (run in
+  // one pass on int8 activations like dense matrices) and its down columns into rows of their own
+  // (the column product), slice by slice, the file's pages dropped as they are copied (with
+  // `drop_source`), so the arena is never resident twice. The arena itself stays set (its pages
+  // come back only for a run with gate thresholds, which reads neurons through it).
+  bool lay_out_arena(int64_t layer, const WeightMatrix& a, bool drop_source) {
+    const Format f = a.fmt, fd = engine_->arena_down_format(layer, f);
+    const int64_t rows = a.rows, cols = a.cols;
+    const size_t rb = row_bytes(f, cols), rbd = row_bytes(fd, cols);
+    memory::AlignedBuffer gate(panel_bytes(f, rows, cols)), up(panel_bytes(f, rows, cols));
+    memory::AlignedBuffer down(static_cast<size_t>(rows) * rbd);
+    {
+      nb::gil_scoped_release release;
+      const int64_t slice = std::max<int64_t>(kPanelRows, static_cast<int64_t>((4u << 20) / a.stride) / kPanelRows * kPanelRows);
+      const uintptr_t page = static_cast<uintptr_t>(sysconf(_SC_PAGESIZE));
+      uintptr_t dropped = (reinterpret_cast<uintptr_t>(a.data) + page - 1) / page * page;
+      for (int64_t r0 = 0; r0 < rows; r0 += slice) {
+        const int64_t n = std::min(slice, rows - r0);
+        const uint8_t* base = a.data + static_cast<size_t>(r0) * a.stride;
+        const size_t span = static_cast<size_t>(n - 1) * a.stride + 2 * rb;
+        pack_panels(WeightMatrix{base, span, f, n, cols, a.stride}, gate.data() + r0 * rb, panel_bytes(f, n, cols));
+        pack_panels(WeightMatrix{base + rb, span - rb, f, n, cols, a.stride}, up.data() + r0 * rb,
+                    panel_bytes(f, n, cols));
+        for (int64_t r = 0; r < n; ++r) std::memcpy(down.data() + (r0 + r) * rbd, base + r * a.stride + 2 * rb, rbd);
+        const uintptr_t end = reinterpret_cast<uintptr_t>(base + static_cast<size_t>(n) * a.stride) / page * page;
+        if (drop_source && end > dropped) {
+          ::madvise(reinterpret_cast<void*>(dropped), end - dropped, MADV_DONTNEED);
+          dropped = end;
+        }
+      }
+    }
+    LayerWeights& w = layer_at(layer);
+    w.gate = WeightMatrix{gate.data(), gate.size(), f, rows, cols, 0, Layout::panels};
+    w.up = WeightMatrix{up.data(), up.size(), f, rows, cols, 0, Layout::panels};
+    w.down_columns = WeightMatrix{down.data(), down.size(), fd, rows, cols, 0};
+    panels_.push_back(std::move(gate));
+    panels_.push_back(std::move(up));
+    panels_.push_back(std::move(down));
+    return true;
   }
 
   void set_vector(int64_t layer, const std::string& name, const In& values) {
@@ -126,6 +209,16 @@ class PyEngine {
     keep_.push_back(values);
     layer_at(layer).vector(slot) = exact<float>(values, static_cast<size_t>(slot_dims(shape(), slot).first),
                                                 name.c_str());
+  }
+
+  // Layers [0, n) read the target engine's own layer weights (a self-drafting engine runs the
+  // target's first layers): no copy, whatever layout the target laid them out in.
+  void share_layers(PyEngine& target, int64_t n) {
+    if (n < 1 || n > shape().n_layers || n > target.shape().n_layers)
+      throw KernelError("share_layers: " + std::to_string(n) + " layers do not fit both engines");
+    if (shape().d_model != target.shape().d_model || shape().d_ff != target.shape().d_ff)
+      throw KernelError("share_layers: the engines' layer shapes differ");
+    for (int64_t l = 0; l < n; ++l) layers_.at(l) = target.layers_.at(l);
   }
 
   // `out`: float32 [len(logit_rows), vocab] logits, or int32 [len(logit_rows)] for the argmax only.
@@ -209,6 +302,18 @@ class PyEngine {
   }
   size_t staging_bytes() const { return streaming_ ? streaming_->staging_bytes() : 0; }
 
+  // Per-operation seconds and call counts of the forward passes since profiling was turned on,
+  // plus "passes" and "tokens" (op_profile.h).
+  nb::dict profile() const {
+    const OpProfile& p = engine_->profile();
+    nb::dict out;
+    for (int i = 0; i < kOpCount; ++i)
+      out[op_name(static_cast<Op>(i))] = nb::make_tuple(p.seconds[i], p.calls[i]);
+    out["passes"] = p.passes;
+    out["tokens"] = p.tokens;
+    return out;
+  }
+
   void set_ffn_thresholds(std::vector<float> thresholds) { engine_->set_ffn_thresholds(std::move(thresholds)); }
   void set_arena_down_format(int64_t layer, const std::string& fmt) { engine_->set_arena_down_format(layer, fmt_of(fmt)); }
   // Tensor parallelism: `fn(point, layer, x)` sums x over the ranks in place (PyPartialSums).
@@ -220,6 +325,7 @@ class PyEngine {
   int64_t truncate(int64_t n) { return engine_->truncate(n); }
   int64_t committed() const { return engine_->committed(); }
   EngineMemory memory() const { return engine_->memory(); }
+  void set_profiling(bool on) { engine_->set_profiling(on); }
 
  private:
   const ModelShape& shape() const { return engine_->shape(); }
@@ -238,6 +344,7 @@ class PyEngine {
   std::unique_ptr<PyPartialSums> partial_sums_;
   std::unique_ptr<Engine> engine_;  // declared last: destroyed first, before what it reads
   std::vector<In> keep_;  // every array the engine reads stays alive with it
+  std::vector<memory::AlignedBuffer> panels_;  // matrices laid out in panels at load
 };
 
 const char* act_mode_name(ActMode a) { return a == ActMode::q8 ? "q8" : a == ActMode::q8x2 ? "q8x2" : "f32"; }
@@ -303,15 +410,25 @@ void bind_engine(nb::module_& m) {
       .def(nb::init<const ModelShape&, std::vector<LayerShape>, const EngineOptions&>(), nb::arg("shape"),
            nb::arg("layers"), nb::arg("options"))
       .def("set_embedding", &PyEngine::set_embedding)
-      .def("set_head", &PyEngine::set_head)
+      .def("set_head", &PyEngine::set_head, nb::arg("raw"), nb::arg("fmt"), nb::arg("rows"), nb::arg("cols"),
+           nb::arg("panels") = false, nb::arg("drop_source") = false)
       .def("set_output_norm", &PyEngine::set_output_norm)
       .def("set_head_shortlist", &PyEngine::set_head_shortlist)
       .def("set_matrix", &PyEngine::set_matrix, nb::arg("layer"), nb::arg("name"), nb::arg("raw"), nb::arg("fmt"),
-           nb::arg("rows"), nb::arg("cols"), nb::arg("stride") = 0)
+           nb::arg("rows"), nb::arg("cols"), nb::arg("stride") = 0, nb::arg("panels") = false,
+           nb::arg("drop_source") = false,
+           "Set a layer matrix; stride > 0 only for an FFN arena (bytes from one neuron bundle to the next); "
+           "with panels, lay it out for the kernels now (returns whether it was copied); with drop_source "
+           "(raw is a read-only file mapping), its pages are dropped as they are copied.")
       .def("set_vector", &PyEngine::set_vector)
+      .def("share_layers", &PyEngine::share_layers, nb::arg("target"), nb::arg("layers"), nb::keep_alive<1, 2>(),
+           "Run layers [0, layers) on the target engine's own layer weights (kept alive with this engine).")
       .def("forward", &PyEngine::forward, nb::arg("tokens"), nb::arg("positions"), nb::arg("tree_mask").none(),
            nb::arg("logit_rows"), nb::arg("out"))
       .def("commit", &PyEngine::commit)
+      .def("set_profiling", [](PyEngine& e, bool on) { e.set_profiling(on); }, nb::arg("on"),
+           "Time each operation of the forward passes from now on (on) or stop (off); clears the times.")
+      .def("profile", &PyEngine::profile)
       .def("truncate", &PyEngine::truncate)
       .def("set_streaming", &PyEngine::set_streaming, nb::arg("plan"))
       .def("set_sparse_ffn", &PyEngine::set_sparse_ffn, nb::arg("layers"), nb::arg("gate"), nb::arg("up"),

@@ -4,6 +4,7 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <optional>
 #include <string>
 
 namespace ef::engine {
@@ -71,8 +72,9 @@ BufferSizes buffer_sizes(const ModelShape& shape, const std::vector<LayerShape>&
   z.kv = b * shape.n_kv_heads * shape.head_dim;
   z.ffn = b * shape.d_ff;
   z.max_cols = std::max({shape.d_model, shape.n_heads * shape.head_dim, shape.d_ff});
-  const int64_t head_rows = std::min(shape.vocab, options.head_chunk);
-  const int64_t max_rows = std::max(z.max_cols, head_rows);
+  const int64_t head_rows = std::min(shape.vocab, std::max(options.head_chunk, kPanelRows));  // panels: >= 16
+  const int64_t qkv_rows = shape.n_heads * shape.head_dim + 2 * shape.n_kv_heads * shape.head_dim;
+  const int64_t max_rows = std::max({z.max_cols, head_rows, qkv_rows, 2 * shape.d_ff});  // q8x2: one pass
   z.act2 = 2 * b * z.max_cols;  // q8x2: activations and their residuals
   z.out2 = 2 * b * max_rows;
   z.head_part = b * head_rows;
@@ -128,6 +130,7 @@ Engine::Engine(const ModelShape& shape, std::vector<LayerShape> layers, const En
   for (int64_t i = 0; i < shape_.d_ff; ++i) all_neurons_[i] = static_cast<int32_t>(i);
   act2_.assign(z.act2, 0.0f);
   out2_.resize(z.out2);
+  out2_capacity_ = z.out2;
   head_part_.resize(z.head_part);
   mask_.reserve(z.mask);
   xq_.quantize(act2_.data(), 2 * options_.max_batch, z.max_cols);  // sizes the quantized-activation buffers
@@ -136,17 +139,32 @@ Engine::Engine(const ModelShape& shape, std::vector<LayerShape> layers, const En
 EngineMemory Engine::memory() const { return plan_memory(shape_, layer_shapes_, options_); }
 
 void Engine::linear(const WeightMatrix& w, const float* x, QuantizedActs& xq, bool xq_ready, int64_t n, float* y) {
-  if (!quantized(w) || options_.act_mode == ActMode::f32) {
-    matmul(w, x, n, y, ActPrecision::f32);
+  linear_multi(&w, &y, 1, x, xq, xq_ready, n);
+}
+
+void Engine::linear_multi(const WeightMatrix* ws, float* const* ys, int count, const float* x, QuantizedActs& xq,
+                          bool xq_ready, int64_t n) {
+  bool all_quantized = true;
+  for (int i = 0; i < count; ++i) all_quantized &= quantized(ws[i]);
+  if (options_.act_mode == ActMode::f32) {
+    for (int i = 0; i < count; ++i) matmul(ws[i], x, n, ys[i], ActPrecision::f32);
     return;
   }
+  if (!all_quantized && count > 1) {  // float matrices among them: one at a time
+    for (int i = 0; i < count; ++i) linear_multi(ws + i, ys + i, 1, x, xq, false, n);
+    return;
+  }
+  if (!all_quantized) {
+    matmul(ws[0], x, n, ys[0], ActPrecision::f32);
+    return;
+  }
+  const int64_t cols = ws[0].cols;
   if (options_.act_mode == ActMode::q8) {
-    if (!xq_ready || xq.cols() != w.cols || xq.n() != n) xq.quantize(x, n, w.cols);
-    matmul(w, xq, y);
+    if (!xq_ready || xq.cols() != cols || xq.n() != n) xq.quantize(x, n, cols);
+    matmul_multi(ws, ys, count, xq);
     return;
   }
   // q8x2: rows [0, n) are x, rows [n, 2n) the residual x - dequant(Q8(x)); one GEMM over both.
-  const int64_t cols = w.cols;
   if (!xq_ready || xq.cols() != cols || xq.n() != 2 * n) {
     act2_.resize(static_cast<size_t>(2 * n * cols));
     std::memcpy(act2_.data(), x, static_cast<size_t>(n * cols) * sizeof(float));
@@ -157,11 +175,17 @@ void Engine::linear(const WeightMatrix& w, const float* x, QuantizedActs& xq, bo
     for (int64_t i = 0; i < n * cols; ++i) r[i] = x[i] - d[i / 32] * static_cast<float>(q[i]);
     xq.quantize(act2_.data(), 2 * n, cols);
   }
-  out2_.resize(static_cast<size_t>(2 * n * w.rows));
-  matmul(w, xq, out2_.data());
-  const float* lo = out2_.data();
-  const float* hi = out2_.data() + n * w.rows;
-  for (int64_t i = 0; i < n * w.rows; ++i) y[i] = lo[i] + hi[i];
+  int64_t total = 0;
+  for (int i = 0; i < count; ++i) total += ws[i].rows;
+  out2_.resize(static_cast<size_t>(2 * n * total));
+  float* outs[8];
+  for (int i = 0, at = 0; i < count; at += static_cast<int>(2 * n * ws[i].rows), ++i) outs[i] = out2_.data() + at;
+  matmul_multi(ws, outs, count, xq);
+  for (int i = 0; i < count; ++i) {
+    const float* lo = outs[i];
+    const float* hi = outs[i] + n * ws[i].rows;
+    for (int64_t j = 0; j < n * ws[i].rows; ++j) ys[i][j] = lo[j] + hi[j];
+  }
 }
 
 // The dense FFN read from a bundle's one copy of it, the neuron arena: the sparse-FFN kernel over
@@ -176,6 +200,18 @@ void Engine::set_ffn_thresholds(std::vector<float> thresholds) {
 void Engine::set_arena_down_format(int64_t layer, Format fmt) {
   if (layer < 0 || layer >= shape_.n_layers) throw engine_error("arena down format: layer out of range");
   arena_down_[layer] = static_cast<int>(fmt);
+}
+
+void Engine::arena_parts(int64_t layer, const WeightMatrix& a, WeightMatrix* gate_up, WeightMatrix* down) const {
+  if (a.rows != shape_.d_ff || a.cols != shape_.d_model || !a.stride)
+    throw engine_error("an FFN arena must hold d_ff neuron bundles of d_model values with a stride");
+  const size_t rb = row_bytes(a.fmt, a.cols);
+  const Format fd = arena_down_format(layer, a.fmt);
+  if (a.size_bytes < static_cast<size_t>(a.rows - 1) * a.stride + 2 * rb + row_bytes(fd, a.cols))
+    throw engine_error("an FFN arena is smaller than its neuron bundles");
+  gate_up[0] = WeightMatrix{a.data, a.size_bytes, a.fmt, a.rows, a.cols, a.stride};
+  gate_up[1] = WeightMatrix{a.data + rb, a.size_bytes - rb, a.fmt, a.rows, a.cols, a.stride};
+  *down = WeightMatrix{a.data + 2 * rb, a.size_bytes - 2 * rb, fd, a.rows, a.cols, a.stride};
 }
 
 void Engine::ffn_from_arena(int64_t layer, const WeightMatrix& w, const float* x, int64_t n, float* out) {
@@ -213,6 +249,7 @@ void Engine::check_layer(int64_t layer, const LayerWeights& w) const {
   const bool ffn_elsewhere = (ffn_hook_ && ffn_hook_->active(layer)) || w.ffn_arena.data;
   for (const auto& [m, name] : matrices) {
     const bool ffn_matrix = m == &w.gate || m == &w.up || m == &w.down;
+    if (m == &w.down && w.down_columns.data) continue;
     if (!m->data && !(ffn_matrix && ffn_elsewhere))
       throw engine_error("layer " + std::to_string(layer) + " has no " + name + " weights");
   }
@@ -232,9 +269,12 @@ void Engine::run_block(int64_t layer, const LayerWeights& w, int64_t n, const in
 
   // Attention: h = norm(x); q, k, v share one quantization of h.
   rms_norm(x, w.attn_norm, h, n, d, s.norm_eps);
-  linear(w.q, h, xq_, false, n, q_.data());
-  linear(w.k, h, xq_, true, n, k_.data());
-  linear(w.v, h, xq_, true, n, v_.data());
+  {
+    OpTimer timer(prof(), Op::gemv_qkv);
+    const WeightMatrix qkv[3] = {w.q, w.k, w.v};
+    float* const out[3] = {q_.data(), k_.data(), v_.data()};
+    linear_multi(qkv, out, 3, h, xq_, false, n);
+  }
   add_bias(q_.data(), w.q_bias, n, qd);
   add_bias(k_.data(), w.k_bias, n, kd);
   add_bias(v_.data(), w.v_bias, n, kd);
@@ -249,6 +289,7 @@ void Engine::run_block(int64_t layer, const LayerWeights& w, int64_t n, const in
   rope(q_.data(), n, s.n_heads, s.head_dim, positions, rp);
   rope(k_.data(), n, s.n_kv_heads, s.head_dim, positions, rp);
 
+  std::optional<OpTimer> attention_timer(std::in_place, prof(), Op::attention);
   KvCache cache = caches_[layer].view();
   cache.fmt = options_.kv_format;
   cache.n_kv_heads = s.n_kv_heads;
@@ -264,7 +305,11 @@ void Engine::run_block(int64_t layer, const LayerWeights& w, int64_t n, const in
   a.scale = s.attn_scale;
   a.out = attn_.data();
   attention(cache, a);
-  linear(w.o, attn_.data(), xq_, false, n, h);
+  attention_timer.reset();
+  {
+    OpTimer timer(prof(), Op::gemv_o);
+    linear(w.o, attn_.data(), xq_, false, n, h);
+  }
   complete(PartialSums::Point::attention, layer, h, n * d);
   if (s.sandwich_norm) rms_norm(h, w.post_attn_norm, h, n, d, s.norm_eps);
   add_into(x, h, n * d);
@@ -272,15 +317,44 @@ void Engine::run_block(int64_t layer, const LayerWeights& w, int64_t n, const in
   // Feed-forward: gate and up share one quantization of norm(x).
   rms_norm(x, w.ffn_norm, h, n, d, s.norm_eps);
   if (ffn_hook_ && ffn_hook_->active(layer)) {
+    OpTimer timer(prof(), Op::ffn_hook);
     ffn_hook_->compute(layer, w, h, n, sel_.data());  // sel_ is free until the logits
     std::memcpy(h, sel_.data(), static_cast<size_t>(n * d) * sizeof(float));
-  } else if (w.ffn_arena.data) {
+  } else if (w.ffn_arena.data && !ffn_thresholds_.empty() && ffn_thresholds_[layer] > 0.0f) {
+    OpTimer timer(prof(), Op::ffn_arena);  // neurons below the gate threshold skipped: the sparse kernel
     ffn_from_arena(layer, w.ffn_arena, h, n, sel_.data());
     std::memcpy(h, sel_.data(), static_cast<size_t>(n * d) * sizeof(float));
+  } else if (w.ffn_arena.data) {
+    // A bundle's one copy of the FFN, laid out at load (gate and up in panels, down columns in rows
+    // of their own) or read in place (strided rows of the arena): gate and up in one pass on int8
+    // activations, then the down columns' product. Both give the same numbers (the row and panel
+    // kernels run the same arithmetic), so a streamed arena equals a resident one.
+    WeightMatrix gate_up[2] = {w.gate, w.up};
+    WeightMatrix down = w.down_columns;
+    if (!down.data) arena_parts(layer, w.ffn_arena, gate_up, &down);
+    {
+      OpTimer timer(prof(), Op::gemv_ffn_in);
+      float* const out[2] = {gate_.data(), up_.data()};
+      linear_multi(gate_up, out, 2, h, xq_, false, n);
+    }
+    {
+      OpTimer timer(prof(), Op::ffn_act);
+      gated_act(gate_.data(), up_.data(), gate_.data(), n * s.d_ff, s.act);
+    }
+    OpTimer timer(prof(), Op::gemv_ffn_down);
+    matmul_columns(down, gate_.data(), n, h);
   } else {
-    linear(w.gate, h, xq_, false, n, gate_.data());
-    linear(w.up, h, xq_, true, n, up_.data());
-    gated_act(gate_.data(), up_.data(), gate_.data(), n * s.d_ff, s.act);
+    {
+      OpTimer timer(prof(), Op::gemv_ffn_in);
+      const WeightMatrix gate_up[2] = {w.gate, w.up};
+      float* const out[2] = {gate_.data(), up_.data()};
+      linear_multi(gate_up, out, 2, h, xq_, false, n);
+    }
+    {
+      OpTimer timer(prof(), Op::ffn_act);
+      gated_act(gate_.data(), up_.data(), gate_.data(), n * s.d_ff, s.act);
+    }
+    OpTimer timer(prof(), Op::gemv_ffn_down);
     linear(w.down, gate_.data(), xq_, false, n, h);
   }
   complete(PartialSums::Point::ffn, layer, h, n * d);
@@ -312,6 +386,11 @@ void Engine::forward(const int32_t* tokens, const int32_t* positions, int64_t n,
     if (logit_rows[r] < 0 || logit_rows[r] >= n) throw engine_error("logit row out of range");
 
   commit(nullptr, 0);  // drop an uncommitted tree from an earlier call
+  OpTimer forward_timer(prof(), Op::forward);
+  if (profiling_) {
+    profile_.passes += 1;
+    profile_.tokens += n;
+  }
 
   // Embedding rows, scaled.
   embed(tokens, n, x_.data());
@@ -323,7 +402,10 @@ void Engine::forward(const int32_t* tokens, const int32_t* positions, int64_t n,
     const LayerCache& c = caches_[layer];
     for (int64_t j = 0; j < n; ++j) slots_[j] = static_cast<int32_t>((committed_ + j) % c.capacity);
     if (tree_mask) build_attention_mask(layer, n, tree_mask);
-    const LayerWeights& w = source_->acquire(layer);
+    const LayerWeights& w = [&]() -> const LayerWeights& {
+      OpTimer timer(prof(), Op::weights_wait);
+      return source_->acquire(layer);
+    }();
     run_block(layer, w, n, positions, slots_.data(), tree_mask ? mask_.data() : nullptr);
     source_->release(layer);
   }
@@ -340,6 +422,7 @@ void Engine::forward(const int32_t* tokens, const int32_t* positions, int64_t n,
     std::memcpy(sel_.data() + r * s.d_model, x_.data() + static_cast<int64_t>(logit_rows[r]) * s.d_model,
                 s.d_model * sizeof(float));
   rms_norm(sel_.data(), out_norm_, sel_.data(), n_logit_rows, s.d_model, s.norm_eps);
+  OpTimer head_timer(prof(), Op::gemv_head);
   if (!logits) {  // softcapping is monotonic: it does not change the argmax
     compute_argmax(n_logit_rows, argmax);
     return;
@@ -388,11 +471,19 @@ void Engine::set_head_shortlist(const WeightMatrix& rows, std::vector<int32_t> i
   head_source_ = nullptr;
 }
 
+int64_t Engine::head_step() const {  // a panel-layout head is cut on panel boundaries
+  return head_.layout == Layout::panels ? std::max(kPanelRows, options_.head_chunk / kPanelRows * kPanelRows)
+                                        : options_.head_chunk;
+}
+
+WeightMatrix Engine::head_rows(int64_t r0, int64_t rows) const {
+  const size_t rb = row_bytes(head_.fmt, head_.cols);
+  const size_t bytes = head_.layout == Layout::panels ? panel_bytes(head_.fmt, rows, head_.cols) : rows * rb;
+  return WeightMatrix{head_.data + r0 * rb, bytes, head_.fmt, rows, head_.cols, 0, head_.layout};
+}
+
 void Engine::compute_logits(int64_t m, float* logits) {
-  auto rows_of = [&](int64_t r0, int64_t rows) {  // rows of the resident (or shortlist) head
-    const size_t rb = row_bytes(head_.fmt, head_.cols);
-    return WeightMatrix{head_.data + r0 * rb, static_cast<size_t>(rows) * rb, head_.fmt, rows, head_.cols, 0};
-  };
+  auto rows_of = [&](int64_t r0, int64_t rows) { return head_rows(r0, rows); };
   bool ready = false;
   if (!head_ids_.empty()) {
     const int64_t k = static_cast<int64_t>(head_ids_.size());
@@ -411,8 +502,12 @@ void Engine::compute_logits(int64_t m, float* logits) {
   if (v0 != 0 || shape_.vocab_end != shape_.vocab)
     std::fill(logits, logits + m * shape_.vocab, -std::numeric_limits<float>::infinity());
   if (!head_source_) {  // resident head, in row chunks so temporaries stay small
-    for (int64_t r0 = 0; r0 < head_.rows; r0 += options_.head_chunk) {
-      const int64_t rows = std::min(options_.head_chunk, head_.rows - r0);
+    if (m == 1 && (options_.act_mode != ActMode::q8x2 || 2 * head_.rows <= out2_capacity_)) {
+      linear(head_, sel_.data(), xq_, false, 1, logits + v0);  // one row of logits: one pass, no temporaries
+      return;
+    }
+    for (int64_t r0 = 0; r0 < head_.rows; r0 += head_step()) {
+      const int64_t rows = std::min(head_step(), head_.rows - r0);
       float* out = m == 1 ? logits + v0 + r0 : head_part_.data();
       linear(rows_of(r0, rows), sel_.data(), xq_, ready, m, out);
       ready = true;
@@ -473,12 +568,8 @@ void Engine::compute_argmax(int64_t m, int32_t* out) {
       head_source_->release_chunk(c);
     }
   } else {
-    const size_t rb = row_bytes(head_.fmt, head_.cols);
-    for (int64_t r0 = 0; r0 < head_.rows; r0 += options_.head_chunk) {
-      const int64_t rows = std::min(options_.head_chunk, head_.rows - r0);
-      fold(WeightMatrix{head_.data + r0 * rb, static_cast<size_t>(rows) * rb, head_.fmt, rows, head_.cols, 0},
-           shape_.vocab_begin + r0, nullptr);
-    }
+    for (int64_t r0 = 0; r0 < head_.rows; r0 += head_step())
+      fold(head_rows(r0, std::min(head_step(), head_.rows - r0)), shape_.vocab_begin + r0, nullptr);
   }
 }
 

@@ -15,6 +15,7 @@
 
 #include "edgeflash/kernels.h"
 #include "layer_source.h"
+#include "op_profile.h"
 
 namespace ef::engine {
 
@@ -99,6 +100,9 @@ class Engine {
   // format: 4-bit arenas keep down at 5 bits (a block of a column spans 32 output dimensions,
   // and the residual stream's outlier dimensions cost a 4-bit column more than a 4-bit row).
   void set_arena_down_format(int64_t layer, Format fmt);
+  Format arena_down_format(int64_t layer, Format arena_fmt) const {  // of the arena's down columns
+    return arena_down_[layer] < 0 ? arena_fmt : static_cast<Format>(arena_down_[layer]);
+  }
   void set_partial_sums(PartialSums* sums) { partial_sums_ = sums; }  // null = one process holds everything
 
   // Run `n` new tokens (n <= max_batch). positions[j] is token j's position; tree_mask (n x n,
@@ -125,6 +129,14 @@ class Engine {
   const EngineOptions& options() const { return options_; }
   EngineMemory memory() const;
 
+  // Per-operation wall time of forward passes (op_profile.h); off by default. Turning it on
+  // clears what was collected.
+  void set_profiling(bool on) {
+    profile_ = OpProfile{};
+    profiling_ = on;
+  }
+  const OpProfile& profile() const { return profile_; }
+
  private:
   struct LayerCache {
     std::vector<uint8_t> k, v;
@@ -137,11 +149,18 @@ class Engine {
                  const int32_t* slots_of_layer, const uint8_t* attn_mask);
   void check_layer(int64_t layer, const LayerWeights& w) const;
   void linear(const WeightMatrix& w, const float* x, QuantizedActs& xq, bool xq_ready, int64_t n, float* y);
+  // Matrices reading the same input in one pass (q, k, v; gate, up): ys[i] = ws[i] x.
+  void linear_multi(const WeightMatrix* ws, float* const* ys, int count, const float* x, QuantizedActs& xq,
+                    bool xq_ready, int64_t n);
+  // The gate, up and down parts of an arena as strided matrices (read in place).
+  void arena_parts(int64_t layer, const WeightMatrix& a, WeightMatrix* gate_up, WeightMatrix* down) const;
   void ffn_from_arena(int64_t layer, const WeightMatrix& arena, const float* x, int64_t n, float* out);
   void build_attention_mask(int64_t layer, int64_t n, const uint8_t* tree_mask);
   void embed(const int32_t* tokens, int64_t n, float* x);
   void complete(PartialSums::Point point, int64_t layer, float* x, int64_t count);
   void compute_logits(int64_t m, float* logits);
+  int64_t head_step() const;                              // head rows per chunk
+  WeightMatrix head_rows(int64_t r0, int64_t rows) const;  // rows [r0, r0 + rows) of the resident head
   void compute_argmax(int64_t m, int32_t* out);
 
   ModelShape shape_;
@@ -165,6 +184,7 @@ class Engine {
   // Work buffers sized for max_batch tokens.
   std::vector<float> x_, h_, q_, k_, v_, attn_, gate_, up_, sel_;
   std::vector<float> act2_, out2_;  // q8x2: [activations; residuals] and the doubled GEMM output
+  int64_t out2_capacity_ = 0;       // floats out2_ was sized for (it never grows)
   std::vector<float> head_part_;    // logits of one head chunk for several rows
   std::vector<int32_t> slots_;
   std::vector<int32_t> all_neurons_;  // 0..d_ff-1: an arena FFN runs over every neuron
@@ -172,6 +192,10 @@ class Engine {
   std::vector<int> arena_down_;  // per layer: Format of the arena's down part, -1 = the arena's format
   std::vector<uint8_t> mask_;
   QuantizedActs xq_;
+
+  OpProfile profile_;
+  bool profiling_ = false;
+  OpProfile* prof() { return profiling_ ? &profile_ : nullptr; }
 };
 
 }  // namespace ef::engine

@@ -9,7 +9,7 @@ from types import SimpleNamespace
 
 import numpy as np
 from edgeflash.base.errors import UserError
-from edgeflash.runtime.native_engine import NativeEngine
+from edgeflash.runtime.native_engine import NativeEngine, ResidentWeights
 
 DEFAULT_SHORTLIST = 8192
 SELF_DRAFT_MAX_BATCH = 16
@@ -30,7 +30,10 @@ class SelfDraftWeights:
     def __init__(self, target: NativeEngine, tensors: dict, layers: int, ids: np.ndarray):
         self.tensors = {n: t for n, t in tensors.items()
                         if n != "output.weight" and (not n.startswith("blk.") or int(n.split(".")[1]) < layers)}
-        self.ids = ids
+        self.ids, self.layers = ids, layers
+        # A resident target holds its layers in the engine's own layout (panels): the draft reads
+        # those, not the file's rows, which would be resident a second time.
+        self.shared = target if isinstance(target.weights, ResidentWeights) else None
         spec = target.spec
         head_name = "token_embd.weight" if spec.tied_embeddings else "output.weight"
         head = target.source.tensors[head_name]
@@ -43,7 +46,11 @@ class SelfDraftWeights:
         self.embedding_plan = target.weights.embedding_plan() if budgeted is not None else None
 
     def install(self, engine: NativeEngine) -> None:
-        engine.set_tensors(self.tensors)  # embedding, layers, final norm
+        if self.shared is not None:
+            engine.set_tensors({n: t for n, t in self.tensors.items() if not n.startswith("blk.")})
+            engine._engine.share_layers(self.shared._engine, self.layers)
+        else:
+            engine.set_tensors(self.tensors)  # embedding, layers, final norm
         if "token_embd.weight" not in self.tensors and self.embedding_plan is not None:
             engine._engine.set_streaming(self.embedding_plan)  # the target reads rows on demand
         engine._engine.set_head_shortlist(self.head_rows, self.head_fmt, self.ids)

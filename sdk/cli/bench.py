@@ -19,7 +19,13 @@ from edgeflash.cli.args import non_negative_int, positive_int
 HELP = "benchmark the kernels, the engine, or edgeflash against llama.cpp and ExecuTorch"
 DESCRIPTION = """Benchmarks (not tests). Subjects:
   kernels      GEMV GB/s per weight format vs memory bandwidth and torch (edgeflash.kernels.bench)
+  side-by-side edgeflash (GGUF and q4_0 bundle) and llama.cpp on the four models: decode and 512-token
+               prefill tok/s, ratios, peak RSS, perplexity on the same token ids
+               (benchmarks/engine/side_by_side.py; llama.cpp from the benchmark environment)
   engine       prefill/decode tok/s, time to first token and peak RSS of edgeflash on a model
+  roofline     per decoded token: weight bytes read (by role), measured read bandwidth, time in
+               GEMV vs attention vs the rest, % of the bandwidth roofline; GGUF and q4_0 bundle
+               (benchmarks/engine/roofline.py; --pass "--export" writes missing bundles first)
   peers        edgeflash side by side with llama.cpp, ExecuTorch and transformers
                (needs the benchmark environment: bash benchmarks/peers/setup-env.sh)
   memory       budgeted runs: flash vs hybrid vs naive at 50% and 25% budgets (benchmarks/memory/)
@@ -28,6 +34,7 @@ DESCRIPTION = """Benchmarks (not tests). Subjects:
 examples:
   edgeflash bench engine -m smollm2-135m --repeat 5
   edgeflash bench kernels --threads 1,2
+  edgeflash bench roofline -m qwen2.5-coder-0.5b -m gemma3-270m
   edgeflash bench peers --rounds 3 --pass "--models smollm2-135m"
 """
 REPO = Path(__file__).resolve().parents[2]  # a source checkout: sdk/cli/bench.py -> repo
@@ -36,9 +43,10 @@ REPO = Path(__file__).resolve().parents[2]  # a source checkout: sdk/cli/bench.p
 def add_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("bench", help=HELP, description=DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("subject", nargs="?", default="engine",
-                   choices=["engine", "kernels", "peers", "memory", "speculative"])
+                   choices=["engine", "roofline", "side-by-side", "kernels", "peers", "memory", "speculative"])
     p.add_argument("-m", "--model", action="append", default=None,
-                   help="model(s) for `engine` (default: smollm2-135m and gemma3-270m)")
+                   help="model(s) for `engine` (default: smollm2-135m and gemma3-270m) and `roofline` "
+                        "(default: the four benchmark models)")
     p.add_argument("-t", "--threads", type=positive_int, default=2)
     p.add_argument("--prompt-tokens", type=positive_int, default=400)
     p.add_argument("-n", "--max-tokens", type=positive_int, default=128)
@@ -100,7 +108,8 @@ def engine_bench(args: argparse.Namespace) -> int:
 
 
 SCRIPTS = {"peers": "benchmarks/peers/run_all.py", "memory": "benchmarks/memory/compare.py",
-           "speculative": "benchmarks/speculative/compare.py"}
+           "speculative": "benchmarks/speculative/compare.py", "roofline": "benchmarks/engine/roofline.py",
+           "side-by-side": "benchmarks/engine/side_by_side.py"}
 
 
 def run_script(args: argparse.Namespace) -> int:
@@ -117,6 +126,15 @@ def run_script(args: argparse.Namespace) -> int:
                             "15 minutes): run `bash benchmarks/peers/setup-env.sh` first")
         python = str(bench_python)
         extra = ["--rounds", str(args.rounds), "--threads", str(args.threads)]
+    if args.subject == "side-by-side":
+        extra = ["--rounds", str(args.rounds), "--threads", str(args.threads)]
+        if args.model:
+            extra += ["--models", *args.model]
+    if args.subject == "roofline":
+        extra = ["--threads", str(args.threads), "--rounds", str(args.rounds),
+                 "--tokens", str(min(args.max_tokens, 64))]
+        for model in args.model or []:
+            extra += ["-m", model]
     t0 = time.perf_counter()
     done = subprocess.run([python, str(script), *extra, *shlex.split(args.passthrough)], cwd=REPO)
     sys.stderr.write(f"[{args.subject} benchmark: {time.perf_counter() - t0:.0f} s]\n")

@@ -52,6 +52,29 @@ void test_batch_invariance() {
     }
     expect(ok, "matmul " + fmt + " is not batch invariant: " + where + " differs from the 70-token call");
 
+    // The same in the panel layout (its kernels pair or tile tokens differently from the rows').
+    if (ef::has_panels(f)) {
+      std::vector<uint8_t> pb(ef::panel_bytes(f, rows, cols));
+      ef::pack_panels(w, pb.data(), pb.size());
+      const ef::WeightMatrix wp{pb.data(), pb.size(), f, rows, cols, 0, ef::Layout::panels};
+      ef::set_num_threads(1);
+      std::vector<float> pfull(kMaxTokens * rows), y(kMaxTokens * rows);
+      ef::matmul(wp, x.data(), kMaxTokens, pfull.data());
+      for (int threads : {1, 2}) {
+        ef::set_num_threads(threads);
+        for (int64_t n = 1; n <= kMaxTokens && ok; ++n)
+          for (const int64_t start : {int64_t{0}, kMaxTokens - n}) {
+            ef::matmul(wp, x.data() + start * cols, n, y.data());
+            if (ok && !same_bits(y.data(), pfull.data() + start * rows, static_cast<size_t>(n * rows))) {
+              ok = false;
+              where = "n=" + std::to_string(n) + " start=" + std::to_string(start) + " threads=" +
+                      std::to_string(threads);
+            }
+          }
+      }
+      expect(ok, "matmul on panels " + fmt + " is not batch invariant: " + where + " differs from the 70-token call");
+    }
+
     // The same rows computed with other rows around them (a reversed gather puts every row in
     // another panel lane), on 2 threads, at 1, 9 and 70 tokens.
     std::vector<int32_t> ids(rows);

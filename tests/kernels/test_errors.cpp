@@ -32,6 +32,24 @@ void test_errors() {
   std::vector<int32_t> ids = {0, 4};
   expect_throw("a row index out of range", [&] { ef::matmul_rows(m, ids.data(), 2, x.data(), 1, y.data()); });
 
+  // The panel layout.
+  std::vector<uint8_t> pb(ef::panel_bytes(ef::Format::q4_0, rows, cols));
+  ef::pack_panels(m, pb.data(), pb.size());
+  ef::WeightMatrix mp{pb.data(), pb.size(), ef::Format::q4_0, rows, cols, 0, ef::Layout::panels};
+  expect_throw("a panel output buffer one byte short", [&] { ef::pack_panels(m, pb.data(), pb.size() - 1); });
+  expect_throw("packing a matrix already in panels", [&] { ef::pack_panels(mp, pb.data(), pb.size()); });
+  ef::WeightMatrix mp_short = mp;
+  mp_short.size_bytes -= 1;
+  expect_throw("a panel buffer one byte short", [&] { ef::matmul(mp_short, x.data(), 2, y.data()); });
+  ef::WeightMatrix mp_stride = mp;
+  mp_stride.stride = 64;
+  expect_throw("a row stride on a panel matrix", [&] { ef::matmul(mp_stride, x.data(), 2, y.data()); });
+  expect_throw("listed rows of a panel matrix", [&] { ef::matmul_rows(mp, ids.data(), 1, x.data(), 1, y.data()); });
+  auto lut = random_weights(ef::Format::q4_lut, rows, cols);
+  const ef::WeightMatrix ml{lut.data(), lut.size(), ef::Format::q4_lut, rows, cols, 0};
+  std::vector<uint8_t> lp(ef::row_bytes(ef::Format::q4_lut, cols) * 16);
+  expect_throw("panels of a format without a panel layout", [&] { ef::pack_panels(ml, lp.data(), lp.size()); });
+
   ef::NeuronArena a{w.data(), w.size(), 1, cols, ef::Format::q4_0, ef::Format::q4_0, ef::Format::q4_0, 0};
   std::vector<int32_t> slots = {0, 1};
   std::vector<float> out(cols);

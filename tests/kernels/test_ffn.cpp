@@ -133,6 +133,37 @@ void test_ffn() {
       expect(rel_err(with_thr, ref_thr, {scale}).max_err <= 1e-4, "ffn_sparse thresholds " + tag + " differ from the reference");
     }
   }
+  // matmul_columns: a matrix stored by columns (a bundle's down columns), more rows than one group
+  // of the tiled kernels, split over threads by output blocks; against the reference twin and
+  // plain math, and each token alone equal to its row in the batch.
+  for (Format f : {Format::q8_0, Format::q4_0, Format::q5_0, Format::q4_1, Format::q4_lut, Format::f16}) {
+    const int64_t rows = 300, cols = 96;
+    const auto w = random_weights(f, rows, cols);
+    const auto wd = ref_dequant(f, w, rows, cols);
+    const ef::WeightMatrix m{w.data(), w.size(), f, rows, cols};
+    const std::string tag = std::string("matmul_columns ") + ef::format_info(f).name;
+    for (int64_t n : {1, 5, 20}) {
+      const auto h = randn(n * rows);
+      std::vector<float> got(n * cols), want(n * cols);
+      ef::matmul_columns(m, h.data(), n, got.data());
+      under("ref", [&] { ef::matmul_columns(m, h.data(), n, want.data()); return 0; });
+      std::vector<double> mag(n * cols, 0.0);
+      std::vector<float> exact(n * cols);
+      for (int64_t t = 0; t < n; ++t)
+        for (int64_t c = 0; c < cols; ++c) {
+          double o = 0.0;
+          for (int64_t r = 0; r < rows; ++r) o += double(h[t * rows + r]) * wd[r * cols + c], mag[t * cols + c] += std::fabs(double(h[t * rows + r]) * wd[r * cols + c]);
+          exact[t * cols + c] = static_cast<float>(o);
+        }
+      expect(rel_err(got, want, mag, 1e-6).max_err <= 5e-5, tag + " vs reference, n=" + std::to_string(n));
+      expect(rel_err(got, exact, mag, 1e-6).max_err <= 5e-5, tag + " vs exact math, n=" + std::to_string(n));
+      if (n > 1) {
+        std::vector<float> one(cols);
+        ef::matmul_columns(m, h.data() + (n - 1) * rows, 1, one.data());
+        expect(std::equal(one.begin(), one.end(), got.begin() + (n - 1) * cols), tag + ": a token alone differs from its row in a batch");
+      }
+    }
+  }
   for (const char* f : {"q8_0", "q4_0", "q4_1", "q5_0", "q4_k", "q6_k", "q4_lut", "f16", "f32"})
     note_impl(std::string("ffn_down_") + f);
   note_impl("gated_silu");

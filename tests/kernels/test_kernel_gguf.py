@@ -71,3 +71,21 @@ def test_real_tensor_dequantize_and_matmul(tag, fmt, raw, want, isa, rng):
         assert np.max(np.abs(y - exact) / mag) < 2e-2
         sqnr = 10 * np.log10(np.sum(exact**2) / np.sum((y - exact) ** 2))
         assert sqnr > 30, f"{tag}: Q8 activation SQNR {sqnr:.1f} dB"
+
+
+@pytest.mark.parametrize("tag,fmt,raw,want", [t for t in TENSORS if t[1] in K.PANEL_FORMATS],
+                         ids=[t[0] for t in TENSORS if t[1] in K.PANEL_FORMATS])
+def test_real_tensor_in_panels(tag, fmt, raw, want, isa, threads, rng):
+    """The panel layout of a real tensor computes what its rows compute (the reference on rows)."""
+    rows, cols = want.shape
+    packed = K.pack_panels(raw, fmt)
+    x = rng.standard_normal((9, cols)).astype(np.float32)
+    for n in (1, 9):
+        got = K.matmul_panels(packed, fmt, rows, cols, x[:n])
+        K.use_isa("ref")
+        ref = K.matmul(raw, fmt, x[:n])
+        K.use_isa(isa)
+        mag = np.abs(x[:n].astype(np.float64)) @ np.abs(want.T.astype(np.float64))
+        assert np.max(np.abs(got - ref) / mag) < 3e-5, f"{tag} n={n}"
+    np.testing.assert_array_equal(K.matmul_panels(packed, fmt, rows, cols, x, precise=True),
+                                  K.matmul(raw, fmt, x, precise=True))

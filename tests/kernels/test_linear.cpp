@@ -109,6 +109,78 @@ void test_linear() {
   }
   note_impl("gemm_f32_f32");
 
+  // The panel layout: a lossless reordering (unpacks to the same bytes) that every GEMM path runs
+  // like the row layout: against the reference twin on rows, f32 activations, dequantized rows.
+  for (Format f : kAll) {
+    if (!ef::has_panels(f)) continue;
+    const std::string fmt = ef::format_info(f).name;
+    for (int64_t cols : cols_for(f)) {
+      for (int64_t rows : {1, 7, 16, 33}) {
+        const auto wb = random_weights(f, rows, cols);
+        const auto wdq = ref_dequant(f, wb, rows, cols);
+        const ef::WeightMatrix w{wb.data(), wb.size(), f, rows, cols, 0};
+        std::vector<uint8_t> pb(ef::panel_bytes(f, rows, cols));
+        ef::pack_panels(w, pb.data(), pb.size());
+        std::vector<uint8_t> back(wb.size());
+        const ef::WeightMatrix wp{pb.data(), pb.size(), f, rows, cols, 0, ef::Layout::panels};
+        ef::unpack_panels(wp, back.data(), back.size());
+        expect(back == wb, "panels " + fmt + ": unpacking does not give the rows back");
+        for (int64_t n : {1, 3, 8, 9, 64}) {
+          const auto x = randn(n * cols);
+          const auto mag = magnitudes(wdq, x, rows, cols, n);
+          const std::string tag = fmt + " rows=" + std::to_string(rows) + " cols=" + std::to_string(cols) +
+                                  " n=" + std::to_string(n);
+          const auto want = under("ref", [&] { return run_matmul(w, x, n, ef::ActPrecision::q8); });
+          const auto got = run_matmul(wp, x, n, ef::ActPrecision::q8);
+          const auto e = rel_err(got, want, mag);
+          expect(e.max_err <= 3e-5, "matmul panels " + tag + ": error " + std::to_string(e.max_err));
+          const auto got32 = run_matmul(wp, x, n, ef::ActPrecision::f32);
+          expect(got32 == run_matmul(w, x, n, ef::ActPrecision::f32), "matmul f32-act panels " + tag +
+                                                                          " differs from the row layout");
+        }
+        std::vector<int32_t> ids = {static_cast<int32_t>(rows - 1), 0, static_cast<int32_t>(rows / 2)};
+        std::vector<float> a(ids.size() * cols), b(ids.size() * cols);
+        ef::dequantize_rows(w, ids.data(), ids.size(), a.data());
+        ef::dequantize_rows(wp, ids.data(), ids.size(), b.data());
+        expect(a == b, "dequantize_rows panels " + fmt + " differs from the row layout");
+      }
+    }
+    note_impl("gemm_q8_panels_" + fmt);
+  }
+
+  // Several matrices in one pass (q, k, v; gate, up): each output equals its own matmul exactly,
+  // in either layout and any mix of formats.
+  {
+    const int64_t cols = 512;
+    const std::pair<Format, int64_t> parts[] = {{Format::q4_k, 48}, {Format::q8_0, 16}, {Format::q6_k, 7},
+                                                {Format::q5_0, 33}};
+    std::vector<std::vector<uint8_t>> bufs;
+    std::vector<ef::WeightMatrix> ws;
+    for (const auto& [f, rows] : parts) {
+      bufs.push_back(random_weights(f, rows, cols));
+      ws.push_back(ef::WeightMatrix{bufs.back().data(), bufs.back().size(), f, rows, cols, 0});
+    }
+    std::vector<uint8_t> pb(ef::panel_bytes(Format::q4_k, 48, cols));
+    ef::pack_panels(ws[0], pb.data(), pb.size());
+    ws.push_back(ef::WeightMatrix{pb.data(), pb.size(), Format::q4_k, 48, cols, 0, ef::Layout::panels});
+    for (int64_t n : {1, 2, 9}) {
+      const auto x = randn(n * cols);
+      ef::QuantizedActs xq;
+      xq.quantize(x.data(), n, cols);
+      std::vector<std::vector<float>> ys;
+      std::vector<float*> yp;
+      for (const auto& w : ws) ys.emplace_back(n * w.rows);
+      for (auto& y : ys) yp.push_back(y.data());
+      ef::matmul_multi(ws.data(), yp.data(), static_cast<int>(ws.size()), xq);
+      for (size_t i = 0; i < ws.size(); ++i) {
+        std::vector<float> one(n * ws[i].rows);
+        ef::matmul(ws[i], xq, one.data());
+        expect(one == ys[i], "matmul_multi output " + std::to_string(i) + " n=" + std::to_string(n) +
+                                 " differs from its own matmul");
+      }
+    }
+  }
+
   // Q8 activation codes and scales are bit-identical at every level (same rounding rules).
   {
     const int64_t n = 5, cols = 640;

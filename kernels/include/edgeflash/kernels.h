@@ -16,14 +16,38 @@ namespace ef {
 
 // ---------------------------------------------------------------- weights, GEMV / small GEMM
 
-// A [rows, cols] weight matrix: row r starts at data + r * stride (stride 0 = row_bytes).
+// How a matrix's rows are stored.
+//   rows:   row r starts at data + r * stride (the GGUF and bundle layout).
+//   panels: groups of 16 consecutive rows ("panels", the last one padded with zero rows), each
+//           block column of a panel stored field by field with the 16 rows interleaved in 4-byte
+//           (2-byte for fp16 scales) lanes: the order a SIMD GEMV consumes them in, so it reads
+//           one sequential stream and transposes nothing. Same bytes per row as `rows`
+//           (docs/weight-formats.md); written by pack_panels.
+enum class Layout : uint8_t { rows = 0, panels = 1 };
+constexpr int64_t kPanelRows = 16;
+
+// A [rows, cols] weight matrix: row r starts at data + r * stride (stride 0 = row_bytes), or in
+// the panel layout (stride must then be 0).
 struct WeightMatrix {
   const uint8_t* data = nullptr;
   size_t size_bytes = 0;  // bytes readable from data; checked against rows * stride
   Format fmt = Format::f32;
   int64_t rows = 0, cols = 0;
   size_t stride = 0;
+  Layout layout = Layout::rows;
 };
+
+// Bytes of a [rows, cols] matrix in the panel layout (rows rounded up to whole panels).
+size_t panel_bytes(Format f, int64_t rows, int64_t cols);
+// Whether `f` has a panel layout at all (the GGML quantized formats).
+bool has_panels(Format f);
+// Whether the active level runs `f` faster from panels than from rows: the engine lays such
+// matrices out at load (a level without its own panel kernel still runs panels, through its twin).
+bool prefers_panels(Format f);
+// Rewrites a row-layout matrix into the panel layout: out holds panel_bytes(...) bytes.
+void pack_panels(const WeightMatrix& w, uint8_t* out, size_t out_size);
+// The rows of a panel-layout matrix back in the row layout: out holds rows * row_bytes bytes.
+void unpack_panels(const WeightMatrix& w, uint8_t* out, size_t out_size);
 
 // Activations quantized on the fly to Q8 blocks of 32 (int8 codes + one f32 scale per block,
 // plus the scaled sum of each 16-element half, which folds weight offsets and minimums).
@@ -58,6 +82,13 @@ enum class ActPrecision { q8, f32 };
 // y[t, r] = sum_c W[r, c] * x[t, c]   x: [n, cols] f32, y: [n, rows] f32, any n >= 1.
 void matmul(const WeightMatrix& w, const float* x, int64_t n, float* y, ActPrecision prec = ActPrecision::q8);
 void matmul(const WeightMatrix& w, const QuantizedActs& xq, float* y);
+// Several quantized matrices with the same columns against the same activations, in one pass of
+// the thread pool (q, k and v of a layer; gate and up): ys[i] = [n, ws[i].rows]. One hand-off to
+// the workers instead of one per matrix, and the work split over all their rows at once.
+void matmul_multi(const WeightMatrix* ws, float* const* ys, int count, const QuantizedActs& xq);
+// A matrix stored by columns (row r of w holds the r-th column, `cols` values: a neuron's down
+// column in a bundle's arena): y[t, :] = sum_r h[t, r] * w[r, :]   h: [n, rows], y: [n, cols] f32.
+void matmul_columns(const WeightMatrix& w, const float* h, int64_t n, float* y);
 // Only the listed rows: y[t, i] = W[rows[i]] . x[t]   y: [n, n_rows] (e.g. a shortlist of the LM head).
 void matmul_rows(const WeightMatrix& w, const int32_t* rows, int64_t n_rows, const float* x, int64_t n, float* y,
                  ActPrecision prec = ActPrecision::q8);

@@ -1,0 +1,278 @@
+// Quantized GEMM on the panel layout (kernels.h) with AVX2: a 256-bit register holds one 4-byte
+// word of 8 rows (a "row group": lane i = row 8g + i), so a word's dot product with 4 activation
+// codes is maddubs + madd against the codes broadcast to every lane, with no horizontal sums. Both
+// row groups of a panel are run in turn; the panel stays in L1 meanwhile. Per unit, in integers:
+// isum = sum_k c[k] q[k] - o * S (o = the code offset, S = the activation code sum), then
+// acc = fma(isum, a * dx, acc), and for q4_1 / q4_k acc += b * dx * S.
+#pragma once
+
+#include <algorithm>
+
+#include "kernel_table.h"
+#include "x86_common.h"
+
+namespace ef::x86 {
+namespace {
+
+constexpr int kPanelRows = 16;
+constexpr int kGroupRows = 8;
+constexpr size_t kPanelPrefetch = 16 << 10;  // bytes requested ahead (see avx512_panel.h)
+
+// Row group g of a panel: 32 bytes of the 64-byte vector of each word.
+struct Group {
+  const uint8_t* base;  // the panel
+  int g;
+  __m256i words(size_t off, int j) const {  // the j-th word after row byte off
+    return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(base + kPanelRows * off + 64 * j + 32 * g));
+  }
+  __m256 half(size_t off) const {  // the fp16 field at row byte off (2-byte lanes) of the 8 rows
+    return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(base + kPanelRows * off + 16 * g)));
+  }
+};
+
+struct UnitScales {
+  __m256 a, a_hi, b;
+};
+
+inline __m256i nib_lo(__m256i q) { return _mm256_and_si256(q, _mm256_set1_epi8(0x0F)); }
+inline __m256i nib_hi(__m256i q) { return _mm256_and_si256(_mm256_srli_epi16(q, 4), _mm256_set1_epi8(0x0F)); }
+
+// Formats: kBB, kShift (log2 of the code offset, -1 none), kSigned (codes are int8: dot products
+// take |c| and the sign moved onto x, so maddubs cannot saturate), kFloatBias, kSplit;
+// unit(G, u, w, sc): the 8 code words of unit u (register j = codes 4j..4j+3 of each row).
+struct AQ4_0 {
+  static constexpr int kBB = 18, kShift = 3;
+  static constexpr bool kSigned = false, kFloatBias = false, kSplit = false;
+  static inline void unit(const Group& G, int64_t u, __m256i w[8], UnitScales& sc) {
+    const size_t at = static_cast<size_t>(u) * kBB;
+    sc.a = G.half(at);
+    for (int j = 0; j < 4; ++j) {
+      const __m256i q = G.words(at + 2, j);
+      w[j] = nib_lo(q);
+      w[4 + j] = nib_hi(q);
+    }
+  }
+};
+
+struct AQ4_1 {
+  static constexpr int kBB = 20, kShift = -1;
+  static constexpr bool kSigned = false, kFloatBias = true, kSplit = false;
+  static inline void unit(const Group& G, int64_t u, __m256i w[8], UnitScales& sc) {
+    const size_t at = static_cast<size_t>(u) * kBB;
+    sc.a = G.half(at);
+    sc.b = G.half(at + 2);
+    for (int j = 0; j < 4; ++j) {
+      const __m256i q = G.words(at + 4, j);
+      w[j] = nib_lo(q);
+      w[4 + j] = nib_hi(q);
+    }
+  }
+};
+
+struct AQ5_0 {
+  static constexpr int kBB = 22, kShift = 4;
+  static constexpr bool kSigned = false, kFloatBias = false, kSplit = false;
+  static inline void unit(const Group& G, int64_t u, __m256i w[8], UnitScales& sc) {
+    const size_t at = static_cast<size_t>(u) * kBB;
+    sc.a = G.half(at);
+    const __m256i qh = G.words(at + 2, 0);
+    // Element 4j + k takes bit 4j + k of qh: shift the lane right by 4j, copy its low byte to the
+    // lane's 4 bytes and test bit k in byte k.
+    const __m256i first = _mm256_setr_epi8(0, 0, 0, 0, 4, 4, 4, 4, 8, 8, 8, 8, 12, 12, 12, 12, 0, 0, 0, 0, 4, 4, 4, 4,
+                                           8, 8, 8, 8, 12, 12, 12, 12);
+    const __m256i bit = _mm256_set1_epi32(0x08040201), b16 = _mm256_set1_epi8(16);
+    for (int j = 0; j < 8; ++j) {
+      const __m256i q = G.words(at + 6, j % 4);
+      const __m256i rep = _mm256_shuffle_epi8(_mm256_srlv_epi32(qh, _mm256_set1_epi32(4 * j)), first);
+      const __m256i hi = _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(rep, bit), bit), b16);
+      w[j] = _mm256_or_si256(j < 4 ? nib_lo(q) : nib_hi(q), hi);
+    }
+  }
+};
+
+struct AQ8_0 {
+  static constexpr int kBB = 34, kShift = -1;
+  static constexpr bool kSigned = true, kFloatBias = false, kSplit = false;
+  static inline void unit(const Group& G, int64_t u, __m256i w[8], UnitScales& sc) {
+    const size_t at = static_cast<size_t>(u) * kBB;
+    sc.a = G.half(at);
+    for (int j = 0; j < 8; ++j) w[j] = G.words(at + 2, j);
+  }
+};
+
+struct AQ4_K {
+  static constexpr int kBB = 144, kShift = -1;
+  static constexpr bool kSigned = false, kFloatBias = true, kSplit = false;
+  static inline void unit(const Group& G, int64_t u, __m256i w[8], UnitScales& sc) {
+    const size_t at = static_cast<size_t>(u / 8) * kBB;
+    const int j = static_cast<int>(u % 8);
+    const __m256i dd = G.words(at, 0);  // d | dmin << 16
+    const __m256i s0 = G.words(at, 1), s1 = G.words(at, 2), s2 = G.words(at, 3);
+    const __m256i lo16 = _mm256_set1_epi32(0xFFFF);
+    const __m256 d = _mm256_cvtph_ps(_mm256_castsi256_si128(
+        _mm256_permute4x64_epi64(_mm256_packus_epi32(_mm256_and_si256(dd, lo16), _mm256_setzero_si256()), 0x08)));
+    const __m256 dmin = _mm256_cvtph_ps(_mm256_castsi256_si128(
+        _mm256_permute4x64_epi64(_mm256_packus_epi32(_mm256_srli_epi32(dd, 16), _mm256_setzero_si256()), 0x08)));
+    const __m256i m6 = _mm256_set1_epi32(63), m4 = _mm256_set1_epi32(15), m2 = _mm256_set1_epi32(3);
+    __m256i s, mn;
+    if (j < 4) {
+      s = _mm256_and_si256(_mm256_srlv_epi32(s0, _mm256_set1_epi32(8 * j)), m6);
+      mn = _mm256_and_si256(_mm256_srlv_epi32(s1, _mm256_set1_epi32(8 * j)), m6);
+    } else {
+      const int k = 8 * (j - 4);
+      s = _mm256_or_si256(_mm256_and_si256(_mm256_srlv_epi32(s2, _mm256_set1_epi32(k)), m4),
+                          _mm256_slli_epi32(_mm256_and_si256(_mm256_srlv_epi32(s0, _mm256_set1_epi32(k + 6)), m2), 4));
+      mn = _mm256_or_si256(_mm256_and_si256(_mm256_srlv_epi32(s2, _mm256_set1_epi32(k + 4)), m4),
+                           _mm256_slli_epi32(_mm256_and_si256(_mm256_srlv_epi32(s1, _mm256_set1_epi32(k + 6)), m2), 4));
+    }
+    sc.a = _mm256_mul_ps(d, _mm256_cvtepi32_ps(s));
+    sc.b = _mm256_sub_ps(_mm256_setzero_ps(), _mm256_mul_ps(dmin, _mm256_cvtepi32_ps(mn)));
+    for (int k = 0; k < 8; ++k) {
+      const __m256i q = G.words(at + 16 + 32 * (j / 2), k);
+      w[k] = j % 2 ? nib_hi(q) : nib_lo(q);
+    }
+  }
+};
+
+struct AQ6_K {
+  static constexpr int kBB = 210, kShift = 5;
+  static constexpr bool kSigned = false, kFloatBias = false, kSplit = true;
+  static inline void unit(const Group& G, int64_t u, __m256i w[8], UnitScales& sc) {
+    const size_t at = static_cast<size_t>(u / 8) * kBB;
+    const int h = static_cast<int>(u % 8) / 4, v = static_cast<int>(u % 4);
+    const __m256 d = G.half(at + 208);
+    const __m256i sw = G.words(at + 192, 2 * h + v / 2);  // scales 8h + 2v, +1: bytes (2v) % 4, +1
+    const int b0 = (2 * v) % 4;
+    const __m256i lo = _mm256_srai_epi32(_mm256_sllv_epi32(sw, _mm256_set1_epi32(24 - 8 * b0)), 24);
+    const __m256i hi = _mm256_srai_epi32(_mm256_sllv_epi32(sw, _mm256_set1_epi32(16 - 8 * b0)), 24);
+    sc.a = _mm256_mul_ps(d, _mm256_cvtepi32_ps(lo));
+    sc.a_hi = _mm256_mul_ps(d, _mm256_cvtepi32_ps(hi));
+    const __m256i m2 = _mm256_set1_epi8(0x30);
+    for (int k = 0; k < 8; ++k) {
+      const __m256i l = G.words(at + 64 * h + 32 * (v & 1), k);
+      const __m256i q = G.words(at + 128 + 32 * h, k);
+      // bits 2v..2v+1 of each qh byte to bits 4-5
+      const __m256i q2 = v == 0 ? _mm256_slli_epi16(q, 4)
+                         : v == 1 ? _mm256_slli_epi16(q, 2)
+                         : v == 2 ? q
+                                  : _mm256_srli_epi16(q, 2);
+      w[k] = _mm256_or_si256(v >= 2 ? nib_hi(l) : nib_lo(l), _mm256_and_si256(q2, m2));
+    }
+  }
+};
+
+template <int NT>
+struct Tokens {
+  const int8_t* q[NT];
+  const float* d[NT];
+  const int32_t* ns[NT];
+  const float* s32[NT];
+  Tokens(const Q8View& x, int64_t t0, bool split) {
+    const int64_t cols = x.cols;
+    for (int t = 0; t < NT; ++t) {
+      q[t] = x.q + (t0 + t) * cols;
+      d[t] = x.d + (t0 + t) * (cols / 32);
+      ns[t] = split ? x.ns16 + (t0 + t) * (cols / 16) : x.ns32 + (t0 + t) * (cols / 32);
+      s32[t] = x.s32 + (t0 + t) * (cols / 32);
+    }
+  }
+};
+
+template <class F>
+inline __m256i sum_start(int32_t neg_sum) {
+  if constexpr (F::kShift >= 0) {
+    return _mm256_set1_epi32(neg_sum * (1 << F::kShift));
+  } else {
+    return _mm256_setzero_si256();
+  }
+}
+
+// acc[i] += sum over words j in [J0, J1) of dot(w[j] row i, activation word j at x).
+template <class F, int J0, int J1>
+inline __m256i dot_words(__m256i acc, const __m256i w[8], const int8_t* x) {
+  const __m256i ones = _mm256_set1_epi16(1);
+  for (int j = J0; j < J1; ++j) {
+    int32_t xw;
+    std::memcpy(&xw, x + 4 * j, 4);
+    const __m256i xb = _mm256_set1_epi32(xw);
+    __m256i p;
+    if constexpr (F::kSigned) {
+      p = _mm256_maddubs_epi16(_mm256_sign_epi8(w[j], w[j]), _mm256_sign_epi8(xb, w[j]));
+    } else {
+      p = _mm256_maddubs_epi16(w[j], xb);
+    }
+    acc = _mm256_add_epi32(acc, _mm256_madd_epi16(p, ones));
+  }
+  return acc;
+}
+
+template <class F, int NT>
+void group_tile(const Group& G, int64_t nu, const Tokens<NT>& tk, float* y, int64_t t0, int64_t ldy, int valid,
+                const uint8_t* prefetch, size_t slice) {
+  __m256 acc[NT];
+  for (int t = 0; t < NT; ++t) acc[t] = _mm256_setzero_ps();
+  for (int64_t u = 0; u < nu; ++u) {
+    if (prefetch)
+      for (size_t b = 0; b < slice; b += 64) _mm_prefetch(reinterpret_cast<const char*>(prefetch + u * slice + b), _MM_HINT_T0);
+    __m256i w[8];
+    UnitScales sc;
+    F::unit(G, u, w, sc);
+    for (int t = 0; t < NT; ++t) {
+      const int8_t* x = tk.q[t] + 32 * u;
+      const __m256 dx = _mm256_set1_ps(tk.d[t][u]);
+      if constexpr (F::kSplit) {
+        const __m256i lo = dot_words<F, 0, 4>(sum_start<F>(tk.ns[t][2 * u]), w, x);
+        const __m256i hi = dot_words<F, 4, 8>(sum_start<F>(tk.ns[t][2 * u + 1]), w, x);
+        acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(lo), _mm256_mul_ps(sc.a, dx), acc[t]);
+        acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(hi), _mm256_mul_ps(sc.a_hi, dx), acc[t]);
+      } else {
+        const __m256i s = dot_words<F, 0, 8>(sum_start<F>(tk.ns[t][u]), w, x);
+        acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s), _mm256_mul_ps(sc.a, dx), acc[t]);
+        if constexpr (F::kFloatBias) acc[t] = _mm256_fmadd_ps(sc.b, _mm256_set1_ps(tk.s32[t][u]), acc[t]);
+      }
+    }
+  }
+  for (int t = 0; t < NT; ++t) {
+    float* out = y + (t0 + t) * ldy + kGroupRows * G.g;
+    if (valid >= kGroupRows) {
+      _mm256_storeu_ps(out, acc[t]);
+    } else {
+      alignas(32) float tmp[8];
+      _mm256_store_ps(tmp, acc[t]);
+      for (int i = 0; i < valid; ++i) out[i] = tmp[i];
+    }
+  }
+}
+
+template <class F>
+void gemm_panels(const RowsView& w, int64_t r0, int64_t r1, const Q8View& x, int64_t t0, int64_t t1, float* y,
+                 int64_t ldy) {
+  const int64_t nu = w.cols / 32;
+  const size_t panel_span = kPanelRows * w.stride;
+  const int64_t rows = w.rows > 0 ? w.rows : r1;
+  const int64_t ahead = std::max<int64_t>(1, static_cast<int64_t>(kPanelPrefetch / panel_span));
+  const size_t slice = (panel_span / static_cast<size_t>(nu) + 63) & ~static_cast<size_t>(63);
+  for (int64_t p0 = r0; p0 < r1; p0 += kPanelRows) {
+    const uint8_t* panel = w.panel(p0);
+    const uint8_t* next = p0 + (ahead + 1) * kPanelRows <= rows ? panel + ahead * panel_span : nullptr;
+    const int valid = static_cast<int>(std::min<int64_t>(kPanelRows, r1 - p0));
+    float* yp = y + (p0 - r0);
+    for (int g = 0; g * kGroupRows < valid; ++g) {
+      const Group G{panel, g};
+      const int gv = valid - kGroupRows * g;
+      const uint8_t* pf = g == 0 ? next : nullptr;  // the next panel, requested while group 0 runs
+      for (int64_t t = t0; t < t1; t += 4) {
+        switch (std::min<int64_t>(4, t1 - t)) {
+          case 1: group_tile<F, 1>(G, nu, Tokens<1>(x, t, F::kSplit), yp, t, ldy, gv, pf, slice); break;
+          case 2: group_tile<F, 2>(G, nu, Tokens<2>(x, t, F::kSplit), yp, t, ldy, gv, pf, slice); break;
+          case 3: group_tile<F, 3>(G, nu, Tokens<3>(x, t, F::kSplit), yp, t, ldy, gv, pf, slice); break;
+          default: group_tile<F, 4>(G, nu, Tokens<4>(x, t, F::kSplit), yp, t, ldy, gv, pf, slice); break;
+        }
+        pf = nullptr;
+      }
+    }
+  }
+}
+
+}  // namespace
+}  // namespace ef::x86
