@@ -149,22 +149,28 @@ KINDS = "none, lookup, self, draft:PATH, auto or auto:PATH"
 
 
 def make_drafter(kind: str, engine: Any, *, self_layers: int | None = None, shortlist: int | None = None) -> Drafters:
-    """Drafters by name: lookup | self | draft:PATH | auto | auto:PATH."""
+    """Drafters by name: lookup | self | draft:PATH | auto | auto:PATH. Under a budget, a draft
+    model plans within what the budget reserved for speculation (budget.py)."""
     if kind == "lookup":
         return Drafters(kind, LookupDrafter(), None)
     if kind == "self":
         from edgeflash.runtime.speculative.self_draft import self_drafter
 
         return Drafters(kind, None, self_drafter(engine, self_layers, shortlist))
-    if kind.startswith("draft:"):
+    if kind == "auto" or kind.startswith(("draft:", "auto:")):
+        from edgeflash.runtime.speculative.budget import draft_model_path, lookup_reserve
         from edgeflash.runtime.speculative.draft_model import model_drafter
 
-        return Drafters(kind, None, model_drafter(kind[len("draft:"):], engine, shortlist))
-    if kind == "auto" or kind.startswith("auto:"):
-        from edgeflash.runtime.speculative.draft_model import find_draft_model, model_drafter
-
-        path = kind[len("auto:"):] if kind.startswith("auto:") else find_draft_model(engine.source)
-        return Drafters(kind, LookupDrafter(), model_drafter(path, engine, shortlist) if path else None)
+        path = draft_model_path(kind, engine.source)
+        budget = None
+        plan = getattr(engine.weights, "plan", None)
+        if path is not None and plan is not None:  # a budgeted target: the draft model's share
+            budget = plan.fixed.get("speculative", 0) - lookup_reserve(kind, engine.context_length)
+            if budget <= 0:
+                if kind.startswith("draft:"):
+                    raise UserError(f"speculative = {kind!r}: the memory budget reserved no room for a draft "
+                                    f"model; load the model with speculative={kind!r}")
+                path = None  # `auto` under a budget without room for the draft model: lookup alone
+        model = model_drafter(path, engine, shortlist, budget) if path is not None else None
+        return Drafters(kind, None if kind.startswith("draft:") else LookupDrafter(), model)
     raise UserError(f"speculative = {kind!r}: expected {KINDS}")
-
-

@@ -151,8 +151,7 @@ class ModelDrafter:
                 return
 
     def memory_bytes(self) -> int:
-        stats = self.engine.stats()
-        return sum(int(stats.get(k, 0)) for k in ("kv_cache_bytes", "activation_bytes")) + self.head.nbytes
+        return self.engine.weights.memory_bytes(self.engine)  # the draft engine's weight source knows
 
 
 class Drafters:

@@ -53,6 +53,11 @@ class SelfDraftWeights:
     def stats(self, engine: NativeEngine) -> dict[str, Any]:
         return {"head_shortlist_bytes": self.head.rows.nbytes}
 
+    def memory_bytes(self, engine: NativeEngine) -> int:
+        """Head rows, KV cache and work buffers (the layers are the target's)."""
+        stats = engine.stats()
+        return self.head.nbytes + sum(int(stats.get(k, 0)) for k in ("kv_cache_bytes", "activation_bytes"))
+
 
 def self_draft_engine(target: NativeEngine, layers: int, shortlist: int = DEFAULT_SHORTLIST,
                       tensors: dict | None = None) -> NativeEngine:

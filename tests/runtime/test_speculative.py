@@ -41,7 +41,7 @@ def test_draft_model_with_the_same_tokenizer(smol_bundle, smollm_path, gemma_bun
     spec = m.generate(STORY, max_tokens=48, speculative=f"draft:{smollm_path}")
     assert spec.tokens == plain.tokens
     draft = spec.stats["spec_by_drafter"]["draft"]
-    assert draft["passes"] > 0 and draft["accepted"] >= 0.7 * draft["verified"]
+    assert draft["passes"] > 0 and draft["accepted"] >= 0.5 * draft["passes"]
     with pytest.raises(ef.UserError, match="tokenizer"):
         m.generate(STORY, max_tokens=4, speculative=f"draft:{gemma_bundle}")
 
