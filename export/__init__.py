@@ -4,9 +4,10 @@
     result = ef.export("model.gguf", "out/model-q4_0", quant="q4_0")   # == edgeflash.export.export(...)
     print(result.report["perplexity"])
 
-Stages (each usable on its own): load (`sources.load_source`) -> calibrate (`calibrate`) ->
-quantize (`quantize_model`, configs in `edgeflash.export.quant`) -> partition (`build_arena`,
-`plan_blocks`) -> evaluate (`perplexity`) -> write (`write_bundle`). See docs/export.md.
+Stages (each usable on its own): load (`sources.load_source`) -> partition (`plan_layout`: every
+block's place, from shapes) -> per layer: calibrate (`layerwise.LayerwiseRunner`), quantize
+(`quantize_tensor`, configs in `edgeflash.export.quant`), write (`writer.BundleWriter`) -> verify ->
+evaluate (`evaluate.perplexity`, on the native engine). See docs/export.md.
 """
 
 from __future__ import annotations

@@ -49,3 +49,35 @@ def heldout_windows(n_windows: int, chars_per_window: int = 2000, offset_chars: 
     usable = len(text) - offset_chars - chars_per_window
     step = max(usable // max(n_windows, 1), chars_per_window)
     return [text[offset_chars + i * step: offset_chars + i * step + chars_per_window] for i in range(n_windows)]
+
+
+# Code text: the Python standard library's own sources (Lib/*.py of the running interpreter),
+# split by file: every tenth file (in name order) is held out.
+_CODE_HELDOUT_EVERY = 10
+
+
+def _stdlib_files() -> list[Path]:
+    import sysconfig
+
+    return sorted(Path(sysconfig.get_paths()["stdlib"]).glob("*.py"))
+
+
+@lru_cache(maxsize=1)
+def code_calibration_text() -> str:
+    files = [p for i, p in enumerate(_stdlib_files()) if i % _CODE_HELDOUT_EVERY]
+    return "\n\n".join(p.read_text(encoding="utf-8", errors="replace") for p in files)
+
+
+@lru_cache(maxsize=1)
+def code_heldout_text() -> str:
+    files = [p for i, p in enumerate(_stdlib_files()) if i % _CODE_HELDOUT_EVERY == 0]
+    return "\n\n".join(p.read_text(encoding="utf-8", errors="replace") for p in files)
+
+
+def is_code_model(name: str, chat_template: str | None = None) -> bool:
+    """Whether a model is for code, by its name (Qwen2.5-Coder, CodeLlama, StarCoder...) or a chat
+    template that speaks of code."""
+    lowered = name.lower()
+    if any(word in lowered for word in ("coder", "code", "starcoder", "codegen", "deepseek-coder")):
+        return True
+    return bool(chat_template) and "code" in chat_template.lower() and "coder" in chat_template.lower()

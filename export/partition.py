@@ -1,9 +1,15 @@
-"""The partition stage: which bytes go into which block, and the FFN neuron arenas.
+"""The partition stage: which bytes go into which block, decided before any weight is quantized.
+
+Every tensor's stored size follows from its plan (format and shape), so the whole layout of
+weights.bin is known up front and the streaming export writes each block at its place as soon
+as its layer is done, in any order (a tied embedding, whose importance comes from the head's
+input, is written last).
 
 Blocks (docs/bundle-format.md): `embedding`, per layer `layer.{i}.attention`, `layer.{i}.ffn`
-(dense, for exact mode), `layer.{i}.neurons` (the arena, for sparse/windowed mode) and
-`layer.{i}.predictor`, then `globals` and an untied `head`. Inside a block the small 1-D
-tensors (norms, biases) come first, so a reader that only needs them reads the first page.
+(its norms and the FFN's one copy, the neuron arena), `layer.{i}.predictor`, then `globals` and an
+untied `head`. With `keep` the dense FFN stays the source's bytes and the arena (q8_0) goes to a
+`layer.{i}.neurons` block; `--no-neuron-arena` stores only the dense FFN. Inside a block the small
+1-D tensors come first, so a reader that only needs them reads the first page.
 """
 
 from __future__ import annotations
@@ -11,9 +17,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import numpy as np
-from edgeflash.export.calibrate import Predictor
-from edgeflash.export.quant.methods import quantize_matrix
-from edgeflash.export.quantize import QuantizedTensor, source_values
+from edgeflash.export.quant.config import QuantConfig
+from edgeflash.kernels.formats import get_format
+from edgeflash.runtime.bundle.arena import ARENA_PARTS, DENSE_NAMES, ArenaTensor, arena_down_format
 from edgeflash.runtime.bundle.layout import (
     NEURON_STRIDE_ALIGNMENT,
     align_up,
@@ -22,90 +28,133 @@ from edgeflash.runtime.bundle.layout import (
     block_sort_key,
 )
 from edgeflash.runtime.source import ModelSource
-from edgeflash.runtime.tensors import Tensor
 
 # matrices in the order a forward pass uses them
 _MATRIX_ORDER = ("attn_q.", "attn_k.", "attn_v.", "attn_output.", "ffn_gate.", "ffn_up.", "ffn_down.",
                  "predictor_a.", "predictor_b.")
+FFN_LAYOUTS = ("arena", "dense+neurons", "dense")
 
 
-@dataclass
-class Arena:
+@dataclass(frozen=True)
+class TensorSlot:
+    name: str
+    fmt: str
+    shape: tuple[int, ...]
+    role: str
+
+    @property
+    def nbytes(self) -> int:
+        rows = int(np.prod(self.shape[:-1])) if len(self.shape) > 1 else 1
+        return rows * get_format(self.fmt).row_bytes(self.shape[-1])
+
+
+@dataclass(frozen=True)
+class ArenaSlot:
     layer: int
-    order: np.ndarray  # [d_ff] slot -> neuron id
-    stride: int
+    n_neurons: int
     d_model: int
-    parts: list[tuple[str, str, int, int]]  # (name, format, offset in bundle, nbytes)
-    data: np.ndarray  # uint8 [d_ff, stride]
+    fmt: str  # gate and up rows
+    down_fmt: str  # down columns
+
+    def part_format(self, part: str) -> str:
+        return self.down_fmt if part == "down" else self.fmt
+
+    @property
+    def part_bytes(self) -> int:
+        return get_format(self.fmt).row_bytes(self.d_model)
+
+    @property
+    def stride(self) -> int:
+        return align_up(2 * self.part_bytes + get_format(self.down_fmt).row_bytes(self.d_model),
+                        NEURON_STRIDE_ALIGNMENT)
+
+    @property
+    def nbytes(self) -> int:
+        return self.n_neurons * self.stride
+
+    @property
+    def parts(self) -> list[tuple[str, str, int, int]]:
+        """(name, format, offset in a bundle, bytes) of gate, up and down."""
+        return [(p, self.part_format(p), k * self.part_bytes, get_format(self.part_format(p)).row_bytes(self.d_model))
+                for k, p in enumerate(ARENA_PARTS)]
 
 
 @dataclass
-class BlockPlan:
+class BlockSpec:
     name: str
     kind: str
     layer: int | None
-    tensors: list[tuple[Tensor, str]] = field(default_factory=list)  # (tensor, role) in file order
-    arena: Arena | None = None
+    tensors: list[TensorSlot] = field(default_factory=list)  # in file order
+    arena: ArenaSlot | None = None
 
 
-def build_arena(source: ModelSource, layer: int, order: np.ndarray, fmt: str,
-                quantized: dict[str, QuantizedTensor]) -> Arena:
-    """Neuron bundles of one layer, hot first: slot j holds neuron order[j] as gate row, up row and
-    down column (each a row of d_model values in `fmt`), padded to a cache-line stride.
+def ffn_layout(config: QuantConfig, spec_d_ff: int, d_model: int, neuron_arena: bool) -> str:
+    """`arena` (the FFN stored once, as its arena), `dense+neurons` (`keep`: the source's dense bytes,
+    plus a q8_0 arena for sparse mode) or `dense` (no arena: --no-neuron-arena)."""
+    if not neuron_arena:
+        return "dense"
+    plan = config.plan("blk.0.ffn_up.weight", (spec_d_ff, d_model))
+    return "dense+neurons" if plan.format == "keep" else "arena"
 
-    Gate and up rows reuse the dense tensors' bytes when those are already in `fmt` (sparse and
-    dense mode then compute identical dot products); down columns are quantized from the source."""
-    d_model = source.spec.d_model
-    pieces = []
-    for part in ("gate", "up", "down"):
-        name = f"blk.{layer}.ffn_{part}.weight"
-        dense = quantized[name].tensor
-        if part != "down" and dense.fmt == fmt:
-            rows = np.asarray(dense.raw).reshape(dense.rows, -1)[order]
+
+def source_shapes(source: ModelSource) -> dict[str, tuple[int, ...]]:
+    """Every canonical tensor of the source with its logical shape; a bundle source's arenas stand
+    for their layers' dense gate, up and down matrices."""
+    shapes: dict[str, tuple[int, ...]] = {}
+    for name, t in source.tensors.items():
+        if isinstance(t, ArenaTensor):
+            prefix = name[:-len("ffn_arena")]
+            for dense in DENSE_NAMES:
+                shapes[prefix + dense] = t.dense(dense).shape if dense == "ffn_down.weight" else t.shape
         else:
-            values = source_values(source.tensors[name])  # gate/up [d_ff, d_model]; down [d_model, d_ff]
-            rows = quantize_matrix(np.ascontiguousarray(values.T if part == "down" else values)[order], fmt, "rtn")
-        pieces.append((part, rows))
-    bundle = sum(r.shape[1] for _, r in pieces)
-    stride = align_up(bundle, NEURON_STRIDE_ALIGNMENT)
-    data = np.zeros((len(order), stride), dtype=np.uint8)
-    parts, offset = [], 0
-    for part, rows in pieces:
-        data[:, offset:offset + rows.shape[1]] = rows
-        parts.append((part, fmt, offset, rows.shape[1]))
-        offset += rows.shape[1]
-    return Arena(layer=layer, order=order.astype(np.int32), stride=stride, d_model=d_model, parts=parts, data=data)
+            shapes[name] = t.shape
+    return shapes
 
 
-def predictor_tensors(p: Predictor) -> list[Tensor]:
-    return [Tensor.from_array(f"blk.{p.layer}.predictor_a.weight", p.a, "f16"),
-            Tensor.from_array(f"blk.{p.layer}.predictor_b.weight", p.b, "f16")]
+def plan_layout(source: ModelSource, config: QuantConfig, layout: str, predictor_rank: int) -> list[BlockSpec]:
+    """The bundle's blocks and what each holds, from shapes and plans alone."""
+    spec = source.spec
+    blocks: dict[str, BlockSpec] = {}
 
-
-def plan_blocks(quantized: dict[str, QuantizedTensor], arenas: dict[int, Arena],
-                predictors: list[Predictor]) -> list[BlockPlan]:
-    blocks: dict[str, BlockPlan] = {}
-
-    def get(name: str) -> BlockPlan:
+    def get(name: str) -> BlockSpec:
         if name not in blocks:
             kind = name.split(".")[-1] if name.startswith("layer.") else name
             layer = int(name.split(".")[1]) if name.startswith("layer.") else None
-            blocks[name] = BlockPlan(name=name, kind=kind, layer=layer)
+            blocks[name] = BlockSpec(name=name, kind=kind, layer=layer)
         return blocks[name]
 
-    for name, q in quantized.items():
-        get(block_of_tensor(name)).tensors.append((q.tensor, q.plan.role))
-    for p in predictors:
-        for t in predictor_tensors(p):
-            get(block_of_tensor(t.name)).tensors.append((t, "predictor"))
-    for layer, arena in arenas.items():
-        get(block_name("neurons", layer)).arena = arena
+    for name, shape in source_shapes(source).items():
+        if layout == "arena" and name.split(".", 2)[-1] in DENSE_NAMES and name.startswith("blk."):
+            continue  # stored as the arena
+        plan = config.plan(name, shape)
+        fmt = source.tensors[name].fmt if plan.format == "keep" else plan.format
+        get(block_of_tensor(name)).tensors.append(TensorSlot(name, fmt, tuple(shape), plan.role))
+    rank = min(predictor_rank, spec.d_model)
+    for layer in range(spec.n_layers):
+        if layout != "dense":
+            kind = "ffn" if layout == "arena" else "neurons"
+            fmt = config.arena_format()
+            down = arena_down_format(fmt) if layout == "arena" else fmt
+            get(block_name(kind, layer)).arena = ArenaSlot(layer, spec.d_ff, spec.d_model, fmt, down)
+        if rank > 0 and layout != "dense":
+            for tensor, shape in (("predictor_a.weight", (rank, spec.d_model)), ("predictor_b.weight", (spec.d_ff, rank))):
+                name = f"blk.{layer}.{tensor}"
+                get(block_of_tensor(name)).tensors.append(TensorSlot(name, "f16", shape, "predictor"))
     for block in blocks.values():
-        block.tensors.sort(key=lambda item: _tensor_key(item[0]))
+        block.tensors.sort(key=_tensor_key)
     return [blocks[n] for n in sorted(blocks, key=block_sort_key)]
 
 
-def _tensor_key(t: Tensor) -> tuple[int, int, str]:
+def arena_rows(gate: np.ndarray, up: np.ndarray, down_t: np.ndarray, order: np.ndarray, slot: ArenaSlot) -> np.ndarray:
+    """uint8 `[n_neurons, stride]`: slot j = neuron order[j] as its gate row, up row and down column
+    (`down_t` = the down matrix transposed, each a row of d_model values), packed in `slot.fmt`."""
+    data = np.zeros((slot.n_neurons, slot.stride), dtype=np.uint8)
+    for (_, _, offset, nbytes), rows in zip(slot.parts, (gate, up, down_t)):
+        data[:, offset:offset + nbytes] = rows[order]
+    return data
+
+
+def _tensor_key(t: TensorSlot) -> tuple[int, int, str]:
     if len(t.shape) == 1:
         return (0, 0, t.name)
     for i, marker in enumerate(_MATRIX_ORDER):

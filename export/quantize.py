@@ -41,6 +41,9 @@ def source_values(t: Tensor) -> np.ndarray:
     return dequantize_matrix(t.raw, t.fmt, t.cols).reshape(t.rows, t.cols)
 
 
+SQNR_SAMPLE_VALUES = 1 << 20  # a report's SQNR is measured on evenly spaced rows holding about this many values
+
+
 def sqnr_db(ref: np.ndarray, approx: np.ndarray, weights: np.ndarray | None = None) -> float:
     """10 log10(signal / noise) of float32 matrices `[rows, cols]`, optionally with per-column
     weights; inf when identical. Works through row chunks (no full-size float64 copies)."""
@@ -60,32 +63,36 @@ def sqnr_db(ref: np.ndarray, approx: np.ndarray, weights: np.ndarray | None = No
     return 10.0 * math.log10(max(signal, 1e-300) / noise)
 
 
+def quantize_tensor(t: Tensor, plan: TensorPlan, importance: np.ndarray | None,
+                    values: np.ndarray | None = None) -> QuantizedTensor:
+    """One tensor through its plan; `importance` (E[x^2] per input column) drives the weighted
+    methods and the weighted SQNR; `values`: its float32 values when already at hand."""
+    if plan.format == "keep":
+        return QuantizedTensor(t, plan, t.fmt, None, None)
+    values = source_values(t) if values is None else values.reshape(t.rows, t.cols)  # [rows, cols]
+    imp = importance if len(t.shape) > 1 else None
+    raw = quantize_matrix(values, plan.format, plan.method, imp)
+    q = Tensor(t.name, plan.format, t.shape, raw)
+    if plan.format == t.fmt and np.array_equal(raw, np.asarray(t.raw).reshape(raw.shape)):
+        return QuantizedTensor(q, plan, t.fmt, None, None)
+    rows = slice(None, None, max(1, values.size // SQNR_SAMPLE_VALUES))  # an evenly spaced sample of rows
+    approx = dequantize_matrix(raw[rows], plan.format, t.cols)
+    w = prepare_importance(imp, t.cols) if imp is not None else None
+    sample = values[rows]
+    return QuantizedTensor(q, plan, t.fmt, sqnr_db(sample, approx),
+                           sqnr_db(sample, approx, w) if w is not None else None)
+
+
 def quantize_model(source: ModelSource, config: QuantConfig, importance: dict[str, np.ndarray] | None,
                    progress: bool = True, desc: str = "quantize") -> dict[str, QuantizedTensor]:
-    """Every tensor of `source` through `config`. `importance` (tensor name -> E[x^2] per input
-    column, from calibration) drives the weighted methods and the weighted SQNR."""
+    """Every tensor of an in-memory `source` through `config` (the streaming export quantizes
+    layer by layer instead). `importance`: tensor name -> E[x^2] per input column."""
     importance = importance or {}
-    # largest first, so the bar's rate settles early and the peak memory comes first
-    names = sorted(source.tensors, key=lambda n: -source.tensors[n].nbytes)
     out: dict[str, QuantizedTensor] = {}
-    for name in bar(names, desc, progress, unit="tensor"):
+    for name in bar(list(source.tensors), desc, progress, unit="tensor"):
         t = source.tensors[name]
-        plan = config.plan(name, t.shape)
-        if plan.format == "keep":
-            out[name] = QuantizedTensor(t, plan, t.fmt, None, None)
-            continue
-        values = source_values(t)  # [rows, cols]
-        imp = importance.get(name) if len(t.shape) > 1 else None
-        raw = quantize_matrix(values, plan.format, plan.method, imp)
-        q = Tensor(name, plan.format, t.shape, raw)
-        if plan.format == t.fmt and np.array_equal(raw, np.asarray(t.raw).reshape(raw.shape)):
-            out[name] = QuantizedTensor(q, plan, t.fmt, None, None)
-            continue
-        approx = dequantize_matrix(raw, plan.format, t.cols)
-        w = prepare_importance(imp, t.cols) if imp is not None else None
-        out[name] = QuantizedTensor(q, plan, t.fmt, sqnr_db(values, approx),
-                                    sqnr_db(values, approx, w) if w is not None else None)
-    return {name: out[name] for name in source.tensors}  # source order
+        out[name] = quantize_tensor(t, config.plan(name, t.shape), importance.get(name))
+    return out
 
 
 def quantized_source(source: ModelSource, tensors: dict[str, QuantizedTensor], kind: str = "export") -> ModelSource:

@@ -69,7 +69,8 @@ def blas_threads(n: int) -> Iterator[None]:
 
 @contextmanager
 def export_threads() -> Iterator[None]:
-    """One thread for torch and for numpy's BLAS during the block (FastOps raises BLAS for large products)."""
+    """One thread for torch and for numpy's BLAS during the block: the layerwise runner parallelizes
+    over windows with worker threads instead (their spinning pools cost more than they gave)."""
     import torch
 
     torch_before = torch.get_num_threads()

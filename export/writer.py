@@ -1,7 +1,7 @@
 """The write stage: lay blocks out in weights.bin and write the bundle so it is never half there.
 
-Everything goes into a sibling directory `OUT.tmp-<pid>`; files are fsynced, the manifest is
-written last, and only then is the directory renamed to OUT (and the parent directory fsynced).
+Everything goes into a sibling directory `OUT.tmp-<pid>`; blocks are written as their layers
+finish, files are fsynced, the manifest is written last, and only then is the directory renamed to OUT (and the parent directory fsynced).
 A killed export therefore leaves at most a `*.tmp-<pid>` directory whose process is gone; the
 next export to the same OUT removes it. Disk errors (full, read-only, no permission, file size
 limit) become one-line UserErrors, and the temporary directory is removed.
@@ -15,14 +15,14 @@ import os
 import re
 import shutil
 import zlib
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 from edgeflash.base.errors import UserError
-from edgeflash.export.partition import BlockPlan
+from edgeflash.export.partition import BlockSpec
 from edgeflash.runtime.bundle.layout import (
     BLOCK_ALIGNMENT,
     MANIFEST_FILE,
@@ -44,21 +44,21 @@ class OutputError(UserError):
 
 
 @dataclass
-class _Placed:
-    plan: BlockPlan
+class Placed:
+    spec: BlockSpec
     offset: int
     data_nbytes: int
     nbytes: int
-    tensor_offsets: list[int]  # in the block, parallel to plan.tensors
+    tensor_offsets: list[int]  # in the block, parallel to spec.tensors
     arena_offset: int | None
 
 
-def layout(blocks: list[BlockPlan]) -> list[_Placed]:
+def layout(blocks: list[BlockSpec]) -> list[Placed]:
     """Offsets of every block, tensor and arena (no I/O)."""
     placed, pos = [], 0
     for b in blocks:
         cursor, offsets = 0, []
-        for t, _ in b.tensors:
+        for t in b.tensors:
             cursor = align_up(cursor, TENSOR_ALIGNMENT)
             offsets.append(cursor)
             cursor += t.nbytes
@@ -66,9 +66,9 @@ def layout(blocks: list[BlockPlan]) -> list[_Placed]:
         if b.arena is not None:
             cursor = align_up(cursor, TENSOR_ALIGNMENT)
             arena_offset = cursor
-            cursor += b.arena.data.nbytes
+            cursor += b.arena.nbytes
         nbytes = max(align_up(cursor, BLOCK_ALIGNMENT), BLOCK_ALIGNMENT)
-        placed.append(_Placed(b, pos, cursor, nbytes, offsets, arena_offset))
+        placed.append(Placed(b, pos, cursor, nbytes, offsets, arena_offset))
         pos += nbytes
     return placed
 
@@ -125,101 +125,172 @@ def check_output(out: Path, overwrite: bool, what: str = "bundle") -> None:
         raise OutputError(f"{existing}: permission denied (cannot create {out} there)")
 
 
-def write_bundle(out: Path, blocks: list[BlockPlan], manifest: dict[str, Any], tokenizer_json: str,
-                 tokenizer_tables: bytes | None = None, overwrite: bool = False,
-                 on_progress: Callable[[int], None] | None = None,
-                 cleanup_note: Callable[[str], None] | None = None) -> dict[str, Any]:
-    """Write the bundle at `out`; returns the complete manifest (tables filled in).
-    `tokenizer_tables`: `Tokenizer.tables()`, so that readers skip building them."""
-    out = Path(out)
-    check_output(out, overwrite)
-    for stale in stale_temp_dirs(out):
-        shutil.rmtree(stale, ignore_errors=True)
-        if cleanup_note:
-            cleanup_note(f"removed {stale}, left by an export that did not finish")
-    placed = layout(blocks)
-    weights_nbytes = placed[-1].offset + placed[-1].nbytes if placed else 0
-    tmp = temp_dir_for(out)
-    try:
-        out.parent.mkdir(parents=True, exist_ok=True)
-        free = shutil.disk_usage(out.parent).free
-        if free < weights_nbytes:
-            raise OutputError(f"{out.parent}: not enough free space for the bundle ({weights_nbytes / 2**20:.1f} MiB "
-                              f"needed, {free / 2**20:.1f} MiB free)")
-        if tmp.exists():
-            shutil.rmtree(tmp)
-        tmp.mkdir()
-        (tmp / TEMP_MARKER).write_text(json.dumps({"pid": os.getpid(), "out": str(out)}))
-        block_table, tensor_table = _write_weights(tmp / WEIGHTS_FILE, placed, on_progress)
-        tok_bytes = tokenizer_json.encode("utf-8")
-        _write_file(tmp / TOKENIZER_FILE, tok_bytes)
-        full = dict(manifest)
-        full["tokenizer"] = {"file": TOKENIZER_FILE, "nbytes": len(tok_bytes), "crc32": zlib.crc32(tok_bytes)}
-        if tokenizer_tables is not None:
-            _write_file(tmp / TOKENIZER_TABLES_FILE, tokenizer_tables)
-            full["tokenizer"]["tables"] = {"file": TOKENIZER_TABLES_FILE, "format": TABLES_FORMAT,
-                                           "nbytes": len(tokenizer_tables), "crc32": zlib.crc32(tokenizer_tables)}
-        full["weights"] = {"file": WEIGHTS_FILE, "nbytes": weights_nbytes, "block_alignment": BLOCK_ALIGNMENT,
-                           "tensor_alignment": TENSOR_ALIGNMENT}
-        full["blocks"] = block_table
-        full["tensors"] = tensor_table
-        _write_file(tmp / MANIFEST_FILE, json.dumps(full, indent=1).encode("utf-8"))
-        (tmp / TEMP_MARKER).unlink()
-        _fsync_dir(tmp)
-        move_into_place(tmp, out)
-        return full
-    except OSError as e:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise OutputError(_describe_os_error(e, out)) from None
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
+Chunks = np.ndarray | Iterable[np.ndarray]  # a tensor's bytes, whole or as consecutive pieces
 
 
-def _write_weights(path: Path, placed: list[_Placed], on_progress: Callable[[int], None] | None
-                   ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-    block_table, tensor_table = [], []
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-    try:
-        for p in placed:
-            crc, written = 0, 0
+class BundleWriter:
+    """Writes a bundle block by block, in any order, each at the offset the layout gives it.
 
-            def emit(data: memoryview) -> None:
-                nonlocal crc, written
-                for start in range(0, len(data), _WRITE_CHUNK):
-                    piece = data[start:start + _WRITE_CHUNK]
-                    _write_all(fd, piece, path)
-                    crc = zlib.crc32(piece, crc)
-                    if on_progress:
-                        on_progress(len(piece))
-                written += len(data)
+        w = BundleWriter(out, blocks)             # OUT.tmp-<pid>/weights.bin
+        w.write_block("layer.0.attention", {"blk.0.attn_q.weight": raw, ...})
+        ...
+        w.finish(manifest, tokenizer_json, tables)   # tables filled in, manifest written last
+        w.commit()                                # fsync, rename to OUT
+    Every written block is synced and dropped from the page cache: a memory cgroup counts the
+    page cache, and an export must fit in one with the model bigger than the cgroup."""
 
-            names = []
-            for (t, role), offset in zip(p.plan.tensors, p.tensor_offsets):
-                emit(memoryview(bytes(offset - written)))
-                raw = memoryview(np.ascontiguousarray(t.raw)).cast("B")
+    def __init__(self, out: Path, blocks: list[BlockSpec], overwrite: bool = False,
+                 cleanup_note: Callable[[str], None] | None = None):
+        self.out = Path(out)
+        check_output(self.out, overwrite)
+        for stale in stale_temp_dirs(self.out):
+            shutil.rmtree(stale, ignore_errors=True)
+            if cleanup_note:
+                cleanup_note(f"removed {stale}, left by an export that did not finish")
+        self.placed = {p.spec.name: p for p in layout(blocks)}
+        last = list(self.placed.values())[-1] if self.placed else None
+        self.weights_nbytes = last.offset + last.nbytes if last else 0
+        self.tmp = temp_dir_for(self.out)
+        self.block_table: dict[str, dict[str, Any]] = {}
+        self.tensor_table: dict[str, dict[str, Any]] = {}
+        self._fd = -1
+        try:
+            self.out.parent.mkdir(parents=True, exist_ok=True)
+            free = shutil.disk_usage(self.out.parent).free
+            if free < self.weights_nbytes:
+                raise OutputError(f"{self.out.parent}: not enough free space for the bundle "
+                                  f"({self.weights_nbytes / 2**20:.1f} MiB needed, {free / 2**20:.1f} MiB free)")
+            if self.tmp.exists():
+                shutil.rmtree(self.tmp)
+            self.tmp.mkdir()
+            (self.tmp / TEMP_MARKER).write_text(json.dumps({"pid": os.getpid(), "out": str(self.out)}))
+            self._fd = os.open(self.tmp / WEIGHTS_FILE, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        except OSError as e:
+            self.abort()
+            raise OutputError(_describe_os_error(e, self.out)) from None
+        except BaseException:
+            self.abort()
+            raise
+
+    @property
+    def path(self) -> Path:
+        """Where the bundle is while it is written (a complete bundle once `finish` has run)."""
+        return self.tmp
+
+    def write_block(self, name: str, tensors: dict[str, Chunks], arena: Chunks | None = None,
+                    arena_order: np.ndarray | None = None) -> None:
+        """The block's tensors (every one its spec lists, bytes in file order) and its arena
+        (`arena_order`: slot -> neuron id)."""
+        p = self.placed[name]
+        if name in self.block_table:
+            raise ValueError(f"block {name} was already written")
+        missing = [t.name for t in p.spec.tensors if t.name not in tensors]
+        if missing or (p.spec.arena is not None) != (arena is not None):
+            raise ValueError(f"block {name}: missing {missing or 'the arena'}")
+        crc, cursor = 0, 0
+        pos = p.offset
+
+        def emit(data: memoryview) -> None:
+            nonlocal crc, cursor, pos
+            for start in range(0, len(data), _WRITE_CHUNK):
+                piece = data[start:start + _WRITE_CHUNK]
+                _pwrite_all(self._fd, piece, pos, self.tmp / WEIGHTS_FILE)
+                crc = zlib.crc32(piece, crc)
+                pos += len(piece)
+            cursor += len(data)
+
+        def emit_chunks(chunks: Chunks, nbytes: int, what: str) -> int:
+            tensor_crc, done = 0, 0
+            for chunk in [chunks] if isinstance(chunks, np.ndarray) else chunks:
+                raw = memoryview(np.ascontiguousarray(chunk)).cast("B")
                 emit(raw)
-                names.append(t.name)
-                tensor_table.append({"name": t.name, "block": p.plan.name, "offset": offset, "nbytes": t.nbytes,
-                                     "format": t.fmt, "shape": list(t.shape), "crc32": zlib.crc32(raw),
-                                     "role": role})
-            arena = None
-            if p.plan.arena is not None:
-                a = p.plan.arena
-                emit(memoryview(bytes(p.arena_offset - written)))
-                emit(memoryview(np.ascontiguousarray(a.data)).cast("B"))
-                arena = {"layer": a.layer, "n_neurons": int(a.data.shape[0]), "d_model": a.d_model,
-                         "stride": a.stride, "offset": p.arena_offset,
-                         "parts": [{"name": n, "format": f, "offset": o, "nbytes": nb} for n, f, o, nb in a.parts],
-                         "order": pack_array(a.order, "int32")}
-            emit(memoryview(bytes(p.nbytes - written)))
-            block_table.append({"name": p.plan.name, "kind": p.plan.kind, "layer": p.plan.layer, "offset": p.offset,
-                                "nbytes": p.nbytes, "data_nbytes": p.data_nbytes, "crc32": crc, "tensors": names,
-                                "arena": arena})
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-    return block_table, tensor_table
+                tensor_crc = zlib.crc32(raw, tensor_crc)
+                done += len(raw)
+            if done != nbytes:
+                raise ValueError(f"{what}: {done} bytes given, the layout has {nbytes}")
+            return tensor_crc
+
+        try:
+            for t, offset in zip(p.spec.tensors, p.tensor_offsets):
+                emit(memoryview(bytes(offset - cursor)))
+                tensor_crc = emit_chunks(tensors[t.name], t.nbytes, t.name)
+                self.tensor_table[t.name] = {"name": t.name, "block": name, "offset": offset, "nbytes": t.nbytes,
+                                             "format": t.fmt, "shape": list(t.shape), "crc32": tensor_crc,
+                                             "role": t.role}
+            arena_entry = None
+            if p.spec.arena is not None:
+                a = p.spec.arena
+                emit(memoryview(bytes(p.arena_offset - cursor)))
+                emit_chunks(arena, a.nbytes, f"{name} arena")
+                arena_entry = {"layer": a.layer, "n_neurons": a.n_neurons, "d_model": a.d_model, "stride": a.stride,
+                               "offset": p.arena_offset,
+                               "parts": [{"name": n, "format": f, "offset": o, "nbytes": nb} for n, f, o, nb in a.parts],
+                               "order": pack_array(arena_order, "int32")}
+            emit(memoryview(bytes(p.nbytes - cursor)))
+            os.fdatasync(self._fd)
+            os.posix_fadvise(self._fd, p.offset, p.nbytes, os.POSIX_FADV_DONTNEED)
+        except OSError as e:
+            self.abort()
+            raise OutputError(_describe_os_error(e, self.out)) from None
+        self.block_table[name] = {"name": name, "kind": p.spec.kind, "layer": p.spec.layer, "offset": p.offset,
+                                  "nbytes": p.nbytes, "data_nbytes": p.data_nbytes, "crc32": crc,
+                                  "tensors": [t.name for t in p.spec.tensors], "arena": arena_entry}
+
+    def finish(self, manifest: dict[str, Any], tokenizer_json: str, tokenizer_tables: bytes | None = None
+               ) -> dict[str, Any]:
+        """Write the tokenizer and the manifest (tables filled in); returns the complete manifest.
+        May run again (a manifest with more in it) before `commit`."""
+        unwritten = [n for n in self.placed if n not in self.block_table]
+        if unwritten:
+            raise ValueError(f"blocks never written: {', '.join(unwritten[:5])}")
+        try:
+            tok_bytes = tokenizer_json.encode("utf-8")
+            _write_file(self.tmp / TOKENIZER_FILE, tok_bytes)
+            full = dict(manifest)
+            full["tokenizer"] = {"file": TOKENIZER_FILE, "nbytes": len(tok_bytes), "crc32": zlib.crc32(tok_bytes)}
+            if tokenizer_tables is not None:
+                _write_file(self.tmp / TOKENIZER_TABLES_FILE, tokenizer_tables)
+                full["tokenizer"]["tables"] = {"file": TOKENIZER_TABLES_FILE, "format": TABLES_FORMAT,
+                                               "nbytes": len(tokenizer_tables), "crc32": zlib.crc32(tokenizer_tables)}
+            full["weights"] = {"file": WEIGHTS_FILE, "nbytes": self.weights_nbytes, "block_alignment": BLOCK_ALIGNMENT,
+                               "tensor_alignment": TENSOR_ALIGNMENT}
+            full["blocks"] = [self.block_table[n] for n in self.placed]
+            full["tensors"] = [self.tensor_table[t.name] for p in self.placed.values() for t in p.spec.tensors]
+            os.fsync(self._fd)
+            _write_file(self.tmp / MANIFEST_FILE, json.dumps(full, indent=1).encode("utf-8"))
+            return full
+        except OSError as e:
+            self.abort()
+            raise OutputError(_describe_os_error(e, self.out)) from None
+
+    def commit(self) -> Path:
+        """Move the finished bundle to OUT (nothing half-written is ever at OUT)."""
+        try:
+            os.close(self._fd)
+            self._fd = -1
+            (self.tmp / TEMP_MARKER).unlink()
+            _fsync_dir(self.tmp)
+            move_into_place(self.tmp, self.out)
+            return self.out
+        except OSError as e:
+            self.abort()
+            raise OutputError(_describe_os_error(e, self.out)) from None
+
+    def abort(self) -> None:
+        if self._fd >= 0:
+            os.close(self._fd)
+            self._fd = -1
+        shutil.rmtree(self.tmp, ignore_errors=True)
+
+
+def _pwrite_all(fd: int, data: memoryview, pos: int, path: Path) -> None:
+    try:
+        while len(data):
+            n = os.pwrite(fd, data, pos)
+            data, pos = data[n:], pos + n
+    except OSError as e:
+        e.filename = e.filename or str(path)  # name the file in the one-line error
+        raise
 
 
 def _write_all(fd: int, data: memoryview, path: Path) -> None:

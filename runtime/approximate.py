@@ -65,9 +65,14 @@ class ApproximateMode:
                 raise UserError(f"{where}: sparse mode needs the bundle's neuron predictors (export with "
                                 "--predictor-rank 32 or more)")
             for layer in range(self.spec.n_layers):
-                for block in (f"layer.{layer}.neurons", f"layer.{layer}.predictor"):
-                    if block not in self.bundle.blocks:
-                        raise UserError(f"{where}: sparse mode needs block {block}, which this bundle lacks")
+                try:
+                    self.bundle.arena_block(layer)
+                except KeyError:
+                    raise UserError(f"{where}: sparse mode needs the neuron arena of layer {layer}, which this bundle "
+                                    "lacks (exported with --no-neuron-arena)") from None
+                if f"layer.{layer}.predictor" not in self.bundle.blocks:
+                    raise UserError(f"{where}: sparse mode needs block layer.{layer}.predictor, which this bundle "
+                                    "lacks")
             if self.window < 0:
                 raise UserError(f"window = {self.window}: expected an integer >= 0")
         if self.shortlist is not None:

@@ -23,6 +23,7 @@ from edgeflash.memory.io_profile import best_settings
 from edgeflash.memory.layout import Location, WeightLayout, align_down, align_up, build_layout, group_units
 from edgeflash.memory.planner import BudgetError, make_plan
 from edgeflash.runtime.approximate import ROW_READ_BYTES, ApproximateMode
+from edgeflash.runtime.bundle.arena import arena_layer
 from edgeflash.runtime.native_config import engine_memory
 from edgeflash.runtime.native_engine import LAYER_SLOTS, NativeEngine
 from edgeflash.runtime.source import ModelSource
@@ -45,10 +46,14 @@ def source_layout(source: ModelSource) -> WeightLayout:
         bundle = source.info["bundle"]
         path = bundle.weights_path
         locations = {n: Location(bundle.blocks[e.block].offset + e.offset, e.nbytes) for n, e in bundle.tensors.items()}
+        for name in bundle.ffn_arenas():  # a layer's FFN stored once, as its arena
+            block = bundle.arena_block(arena_layer(name))
+            locations[name] = Location(block.offset + block.arena.offset, block.arena.nbytes)
     else:
         raise UserError(f"{source.path}: a memory budget needs a GGUF file or an edgeflash bundle "
                         f"(export this {source.kind} model with `edgeflash export`)")
-    return build_layout(path, locations, n_layers=source.spec.n_layers, head_rows=source.spec.vocab_size,
+    head = source.tensors["output.weight" if "output.weight" in source.tensors else "token_embd.weight"]
+    return build_layout(path, locations, n_layers=source.spec.n_layers, head_rows=head.rows,  # a rank's rows
                         pinned=frozenset(source.info.get("rewritten_tensors", [])))
 
 
@@ -282,6 +287,7 @@ def _streamed(t: Tensor, offset: int) -> _native.StreamedTensor:
     st = _native.StreamedTensor()
     st.offset, st.fmt = offset, t.fmt
     st.rows, st.cols = (t.rows, t.cols) if len(t.shape) > 1 else (t.cols, 1)
+    st.stride = getattr(t, "stride", 0)  # a neuron arena's rows are its bundles
     return st
 
 

@@ -9,13 +9,16 @@ kernels do not run are converted once at load, and the conversion is reported in
 
 from __future__ import annotations
 
-from typing import Any, Protocol, Sequence
+from collections.abc import Sequence
+from typing import Any, Protocol
 
-import edgeflash.kernels as kernels
 import numpy as np
+from edgeflash import kernels
 from edgeflash.base.errors import ModelFormatError, UserError
 from edgeflash.kernels import _native
 from edgeflash.kernels.formats import KERNEL_FORMATS
+from edgeflash.runtime.bundle.arena import ArenaTensor
+from edgeflash.runtime.distributed.shard import vocab_rows
 from edgeflash.runtime.native_config import engine_options, engine_shape, layer_shapes
 from edgeflash.runtime.source import ModelSource
 from edgeflash.runtime.tensors import Tensor
@@ -68,13 +71,18 @@ class NativeEngine:
         self.threads = threads
         kernels.set_num_threads(threads)
         self.conversions: dict[str, str] = {}
+        shape = engine_shape(spec)
+        shape.vocab_begin, shape.vocab_end = vocab_rows(source)  # a rank of a split model holds some rows
         try:
-            self._engine = _native.Engine(engine_shape(spec), layer_shapes(spec), self.options)
+            self._engine = _native.Engine(shape, layer_shapes(spec), self.options)
         except ValueError as e:
             raise UserError(f"{source.path}: {e}") from None
         self.tokens: list[int] = []
         self._last_logits = np.empty((1, spec.vocab_size), dtype=np.float32)  # decode needs one row
         self.weight_bytes = source.weight_bytes
+        for name, t in source.tensors.items():  # wherever an arena's bytes come from, its down format is fixed
+            if isinstance(t, ArenaTensor) and t.down_fmt != t.fmt:
+                self._engine.set_arena_down_format(int(name.split(".")[1]), t.down_fmt)
         self.weights = weights or ResidentWeights(source.tensors)
         self.weights.install(self)
 
@@ -96,14 +104,15 @@ class NativeEngine:
                 if prefix + tensor not in t:
                     continue
                 if slot in MATRIX_SLOTS:
-                    native.set_matrix(layer, slot, *self._matrix(t[prefix + tensor]))
+                    w = t[prefix + tensor]
+                    native.set_matrix(layer, slot, *self._matrix(w), getattr(w, "stride", 0))
                 else:
                     native.set_vector(layer, slot, self._vector(t[prefix + tensor]))
 
     def _matrix(self, tensor: Tensor) -> tuple[np.ndarray, str, int, int]:
         """(raw bytes, format, rows, cols), converting formats the kernels do not run."""
         raw, fmt = tensor.raw, tensor.fmt
-        if fmt not in KERNEL_FORMATS:
+        if fmt not in KERNEL_FORMATS and not isinstance(tensor, ArenaTensor):  # arenas are in kernel formats
             target = "q8_0" if tensor.cols % 32 == 0 else "f16"
             raw = kernels.quantize(tensor.dequantize().reshape(tensor.rows, tensor.cols), target)
             self.conversions[tensor.name] = f"{fmt}->{target}"

@@ -36,7 +36,7 @@ def quantize_matrix(values: np.ndarray, fmt: str, method: str = "rtn",
         raise ValueError("weights contain NaN or infinity")
     if method == "rtn":
         if fmt in _NATIVE_RTN:
-            import edgeflash.kernels as kernels
+            from edgeflash import kernels
 
             return kernels.quantize(values, fmt)
         if fmt == "q4_k":
@@ -66,7 +66,7 @@ def prepare_importance(importance: np.ndarray, cols: int) -> np.ndarray:
 
 def dequantize_matrix(raw: np.ndarray, fmt: str, cols: int) -> np.ndarray:
     """float32 [rows, cols] from packed rows (native where the kernels know the format)."""
-    import edgeflash.kernels as kernels
+    from edgeflash import kernels
     from edgeflash.runtime.tensors import dequantize_raw
 
     raw = np.ascontiguousarray(raw)

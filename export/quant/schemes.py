@@ -17,6 +17,7 @@ from edgeflash.export.quant.config import (
     Rule,
     default_method,
 )
+from edgeflash.export.quant.llama_names import LLAMA_CPP_SCHEMES, llama_cpp_scheme, unmapped_message
 
 _REGISTRY: dict[str, Callable[[], QuantConfig]] = {}
 
@@ -48,8 +49,15 @@ def get_scheme(name: str) -> QuantConfig:
         return parse_mixed(name)
     factory = _REGISTRY.get(name)
     if factory is None:
-        raise QuantConfigError(f"unknown quant scheme {name!r}; known: {', '.join(_REGISTRY)}, or "
-                               "mixed:ROLE=FORMAT,... (roles: embedding, head, attention, ffn, norm, *)")
+        mapped = llama_cpp_scheme(name)  # llama.cpp's names (Q4_K_M, Q8_0...) where they map
+        if mapped is not None:
+            return get_scheme(mapped)
+        refusal = unmapped_message(name)
+        if refusal:
+            raise QuantConfigError(refusal)
+        raise QuantConfigError(f"unknown quant scheme {name!r}; known: {', '.join(_REGISTRY)}, llama.cpp's "
+                               f"{', '.join(n.upper() for n in LLAMA_CPP_SCHEMES)}, or mixed:ROLE=FORMAT,... "
+                               "(roles: embedding, head, attention, ffn, norm, *)")
     return factory()
 
 
@@ -112,6 +120,8 @@ _uniform("q4_0-rtn", "q4_0", "rtn", "every matrix in q4_0, round-to-nearest (ggm
 _uniform("q4_1", "q4_1", "weighted", "every matrix in q4_1 (5 bits per weight), scale and offset chosen by "
          "activation-weighted error")
 _uniform("q4_1-rtn", "q4_1", "rtn", "every matrix in q4_1, round-to-nearest")
+_uniform("q5_0", "q5_0", "weighted", "every matrix in q5_0 (5.5 bits per weight), scales chosen by "
+         "activation-weighted error")
 _uniform("q4_k", "q4_k", "weighted", "every matrix in q4_k (4.5 bits per weight); rows that are not a multiple "
          "of 256 values fall back to q5_0", fallback="q5_0")
 _uniform("q4_lut", "q4_lut", "weighted", "every matrix in q4_lut (16 levels per row, ~4.4 bits per weight) by "

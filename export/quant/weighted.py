@@ -15,7 +15,9 @@ row chunks (bounded temporaries, cache-sized buffers).
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 
 import numpy as np
 from edgeflash.export.quant.blocks import pack_q4_0, pack_q4_1, pack_q5_0, pack_q8_0
@@ -115,6 +117,20 @@ def affine_search(x: np.ndarray, w: np.ndarray, nlevels: int, clamp_min_to_zero:
     return best_d.astype(np.float32), best_m.astype(np.float32)
 
 
+_threads = 1  # row chunks quantized at once (numpy releases the GIL in its loops)
+
+
+@contextmanager
+def quantize_threads(n: int) -> Iterator[None]:
+    """Quantize the row chunks of a matrix on `n` threads inside the block."""
+    global _threads
+    before, _threads = _threads, max(1, n)
+    try:
+        yield
+    finally:
+        _threads = before
+
+
 def by_row_chunks(values: np.ndarray, importance: np.ndarray | None, block: int,
                   fn: Callable[[np.ndarray, np.ndarray], np.ndarray]) -> np.ndarray:
     """Apply `fn(x [n, 32], w [n, 32]) -> packed [n_blocks_of_row_chunk, bytes]` over row chunks of
@@ -124,16 +140,19 @@ def by_row_chunks(values: np.ndarray, importance: np.ndarray | None, block: int,
     step = max(1, _CHUNK_BLOCKS // per_row)
     imp = np.ones(cols, dtype=np.float32) if importance is None else np.asarray(importance, dtype=np.float32)
     w_row = imp.reshape(per_row, 32)
-    out = None
-    for start in range(0, rows, step):
+
+    def one(start: int) -> np.ndarray:
         chunk = np.ascontiguousarray(values[start:start + step], dtype=np.float32)
         n = chunk.shape[0]
-        packed = fn(chunk.reshape(n * per_row, 32), np.tile(w_row, (n, 1)))
-        packed = packed.reshape(n, -1)
-        if out is None:
-            out = np.empty((rows, packed.shape[1]), dtype=np.uint8)
-        out[start:start + n] = packed
-    return out
+        return fn(chunk.reshape(n * per_row, 32), np.tile(w_row, (n, 1))).reshape(n, -1)
+
+    starts = range(0, rows, step)
+    if _threads > 1 and len(starts) > 1:
+        with ThreadPoolExecutor(_threads) as pool:
+            pieces = list(pool.map(one, starts))
+    else:
+        pieces = [one(start) for start in starts]
+    return np.concatenate(pieces) if len(pieces) > 1 else pieces[0]
 
 
 def quantize_weighted_q4_0(values: np.ndarray, importance: np.ndarray | None) -> np.ndarray:

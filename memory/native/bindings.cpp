@@ -46,7 +46,8 @@ void bind_memory(nb::module_& m) {
           "fmt", [](const StreamedTensor& t) { return std::string(format_info(t.fmt).name); },
           [](StreamedTensor& t, const std::string& name) { t.fmt = fmt_of(name); })
       .def_rw("rows", &StreamedTensor::rows)
-      .def_rw("cols", &StreamedTensor::cols);
+      .def_rw("cols", &StreamedTensor::cols)
+      .def_rw("stride", &StreamedTensor::stride);
 
   nb::class_<StreamUnit>(m, "StreamUnit")
       .def(nb::init<>())

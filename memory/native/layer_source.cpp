@@ -13,6 +13,7 @@ const SlotInfo kSlots[kSlotCount] = {
     {"down", "ffn_down.weight"},
     {"pred_a", "predictor_a.weight"},
     {"pred_b", "predictor_b.weight"},
+    {"ffn_arena", "ffn_arena"},
     {"attn_norm", "attn_norm.weight"},
     {"ffn_norm", "ffn_norm.weight"},
     {"post_attn_norm", "post_attention_norm.weight"},
@@ -52,6 +53,7 @@ WeightMatrix& LayerWeights::matrix(Slot s) {
     case Slot::down: return down;
     case Slot::pred_a: return pred_a;
     case Slot::pred_b: return pred_b;
+    case Slot::ffn_arena: return ffn_arena;
     default: throw KernelError(std::string("'") + slot_info(s).name + "' is a vector, not a matrix");
   }
 }

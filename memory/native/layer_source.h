@@ -15,6 +15,7 @@ namespace ef {
 // name of each slot and the per-layer tensor it holds (GGUF/bundle naming, after "blk.N.").
 enum class Slot : int {
   q, k, v, o, gate, up, down, pred_a, pred_b,                   // matrices (predictors: sparse mode only)
+  ffn_arena,  // the FFN as neuron bundles [d_ff, stride]: gate row, up row, down column (one format)
   attn_norm, ffn_norm, post_attn_norm, post_ffn_norm, q_norm, k_norm, q_bias, k_bias, v_bias,  // f32 vectors
   count
 };
@@ -34,6 +35,9 @@ inline bool is_matrix(Slot s) { return static_cast<int>(s) < kMatrixSlots; }
 struct LayerWeights {
   WeightMatrix q, k, v, o, gate, up, down;
   WeightMatrix pred_a, pred_b;  // sparse mode's neuron predictor: [rank, d_model], [d_ff, rank]
+  // A bundle's one copy of the FFN: rows = neurons, cols = d_model, stride = one neuron bundle;
+  // when set, gate/up/down are unused (the engine runs the FFN over every neuron of the arena).
+  WeightMatrix ffn_arena;
   const float* attn_norm = nullptr;
   const float* ffn_norm = nullptr;
   const float* post_attn_norm = nullptr;
@@ -91,6 +95,19 @@ class FfnHook {
   virtual bool active(int64_t layer) const = 0;
   // x: [n, d_model] the normed FFN input; out: [n, d_model] the FFN output (before post-norm).
   virtual void compute(int64_t layer, const LayerWeights& w, const float* x, int64_t n, float* out) = 0;
+};
+
+// Tensor parallelism: a rank holds a share of every layer's attention heads and FFN neurons, so the
+// attention output projection and the FFN down projection each give it a partial sum of the
+// residual update, and `complete` sums those across ranks in place (an all-reduce). With the
+// vocabulary split by rows, the embedding rows are partial too (a rank has zeros for the tokens it
+// does not hold). Every rank calls it at the same points in the same order.
+class PartialSums {
+ public:
+  enum class Point : int { embedding = 0, attention = 1, ffn = 2 };
+  virtual ~PartialSums() = default;
+  // x: [count] floats, replaced by their sum over ranks; layer is -1 for the embedding.
+  virtual void complete(Point point, int64_t layer, float* x, int64_t count) = 0;
 };
 
 // Where embedding rows come from when the table is not resident (read on demand).

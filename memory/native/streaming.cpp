@@ -32,6 +32,9 @@ StreamingWeights::StreamingWeights(std::shared_ptr<DirectReader> reader, Residen
       if (t.rows < 1 || t.cols < 1) throw std::invalid_argument("streaming: a streamed tensor has no rows or columns");
       if (!is_matrix(t.target) && unit.layer >= 0 && t.fmt != Format::f32)
         throw std::invalid_argument(std::string("streaming: vector '") + slot_info(t.target).name + "' must be f32");
+      if (t.stride && t.stride < row_bytes(t.fmt, t.cols))
+        throw std::invalid_argument(std::string("streaming: tensor '") + slot_info(t.target).name +
+                                    "' has a row stride shorter than its rows");
       if (t.offset % 4 || t.offset + t.bytes() > unit.bytes())
         throw std::invalid_argument(std::string("streaming: tensor '") + slot_info(t.target).name +
                                     "' lies outside its unit's bytes");
@@ -175,7 +178,7 @@ const LayerWeights& StreamingWeights::acquire(int64_t layer) {
   for (const StreamedTensor& t : units_[u].tensors) {
     const uint8_t* p = base + t.offset;
     if (is_matrix(t.target))
-      current_.matrix(t.target) = WeightMatrix{p, t.bytes(), t.fmt, t.rows, t.cols, 0};
+      current_.matrix(t.target) = WeightMatrix{p, t.bytes(), t.fmt, t.rows, t.cols, t.stride};
     else
       current_.vector(t.target) = reinterpret_cast<const float*>(p);
   }

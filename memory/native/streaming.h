@@ -22,7 +22,8 @@ struct StreamedTensor {
   size_t offset = 0;
   Format fmt = Format::f32;
   int64_t rows = 0, cols = 0;  // a vector is {length, 1}
-  size_t bytes() const { return static_cast<size_t>(rows) * row_bytes(fmt, cols); }
+  size_t stride = 0;           // bytes from one row to the next; 0 = packed rows (a neuron arena: its bundle)
+  size_t bytes() const { return static_cast<size_t>(rows) * (stride ? stride : row_bytes(fmt, cols)); }
 };
 
 // One read unit: a layer's streamed blocks, or one chunk of head rows.

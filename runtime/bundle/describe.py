@@ -98,11 +98,13 @@ def render_report(report: dict[str, Any], tensors: bool = False) -> list[str]:
     lines = ["quality report"]
     ev = report.get("eval")
     if ev:
+        engine = f", {ev['engine']} engine" if ev.get("engine") else ""
         lines.append(f"  perplexity on {ev['tokens']} tokens of {ev['text']} ({ev['windows']} windows of "
-                     f"{ev['window_tokens']}):")
+                     f"{ev['window_tokens']}{engine}):")
         p = report["perplexity"]
-        lines.append(f"    {'source model (reference)':<34} {p['source']:>10.3f}")
-        lines.append(f"    {'exported':<34} {p['exported']:>10.3f}  {p['delta_pct']:+.2f}%")
+        lines.append(f"    {'source model (reference)':<34} {_ppl(p['source'])}")
+        lines.append(f"    {'exported':<34} {_ppl(p['exported'])}  " +
+                     (f"{p['delta_pct']:+.2f}%" if p.get("delta_pct") is not None else ""))
         base = report.get("baseline")
         if base:
             lines.append(f"    {base['scheme'] + ' (round-to-nearest)':<34} {base['perplexity']:>10.3f}  "
@@ -110,9 +112,14 @@ def render_report(report: dict[str, Any], tensors: bool = False) -> list[str]:
                          f"{'yes' if base['weight_bytes'] == base['calibrated_weight_bytes'] else 'no'} "
                          f"({_mib(base['weight_bytes'])} vs {_mib(base['calibrated_weight_bytes'])})")
         for s in report.get("sparsity", []):
-            label = f"sparsity {s['target']:.0%} (reached {s['measured']:.1%})"
+            reached = f" (reached {s['measured']:.1%})" if s.get("measured") is not None else ""
+            label = f"sparsity {s['target']:.0%}{reached}"
             lines.append(f"    {label:<34} {s['perplexity']:>10.3f}  {s['delta_pct']:+.2f}% vs exported "
                          f"({s.get('dense_perplexity', '?')} on the first {s.get('tokens', '?')} tokens)")
+        for t in (report.get("texts") or [])[1:]:
+            q = t["perplexity"]
+            lines.append(f"    on {t['tokens']} tokens of {t['text']}: source {q['source']:.3f}, exported "
+                         f"{q['exported']:.3f}  {q['delta_pct']:+.2f}%")
     else:
         lines.append("  (no perplexity evaluation)")
     sizes = report.get("size_by_role")
@@ -147,10 +154,21 @@ def render_report(report: dict[str, Any], tensors: bool = False) -> list[str]:
                          f"{_db(t.get('weighted_sqnr_db')):>9}")
     timings = report.get("timings_s")
     if timings:
-        cpu = report.get("cpu_s") or {}
-        lines.append(f"  time (wall s, cpu s): total {sum(timings.values()):.1f}, {sum(cpu.values()):.1f}; " + ", ".join(
-            f"{k} {v:.1f}" + (f"/{cpu[k]:.1f}" if k in cpu else "") for k, v in timings.items()))
+        total = report.get("total_s")
+        if total:  # stages overlap: the total is measured on its own
+            lines.append(f"  time: {total['wall']:.1f} s wall, {total['cpu']:.1f} s CPU; by stage (wall s, overlapping): "
+                         + ", ".join(f"{k} {v:.1f}" for k, v in timings.items()))
+        else:
+            cpu = report.get("cpu_s") or {}
+            lines.append(f"  time (wall s, cpu s): total {sum(timings.values()):.1f}, {sum(cpu.values()):.1f}; "
+                         + ", ".join(f"{k} {v:.1f}" + (f"/{cpu[k]:.1f}" if k in cpu else "") for k, v in timings.items()))
+    if report.get("peak_rss_bytes"):
+        lines.append(f"  peak memory (RSS) of the export: {_mib(report['peak_rss_bytes'])}")
     return lines
+
+
+def _ppl(v: float | None) -> str:
+    return f"{v:>10.3f}" if v is not None else f"{'(not finite)':>10}"
 
 
 def _db(v: float | None) -> str:

@@ -12,8 +12,10 @@ from edgeflash.memory.layout import ALIGN, group_name, group_of_tensor
 
 MAGIC = "edgeflash-bundle"
 # 2: long numeric arrays in the manifest (calibration, arena orders) are packed (packed.py).
-# Version 1 bundles read as before.
-FORMAT_VERSION = 2
+# 3: one copy of the FFN: a layer's `ffn` block holds its norms and its neuron arena, which the
+#    dense path reads in place (no separate dense gate/up/down, no `neurons` block).
+# Versions 1 and 2 (dense FFN blocks, arenas in `neurons` blocks) read as before.
+FORMAT_VERSION = 3
 MANIFEST_FILE = "manifest.json"
 TOKENIZER_FILE = "tokenizer.json"
 # The same tokenizer as the tables this version of edgeflash builds from it, so that opening a bundle
@@ -25,10 +27,13 @@ BLOCK_ALIGNMENT = ALIGN  # direct-I/O granularity (4096: the logical block size 
 TENSOR_ALIGNMENT = 64
 NEURON_STRIDE_ALIGNMENT = 64  # each neuron bundle in an arena starts on a cache line
 
-# Block kinds in file order: embedding, then per layer attention, ffn, neurons, predictor,
-# then globals (final norm ...) and an untied head.
+# Block kinds in file order: embedding, then per layer attention, ffn, neurons (versions 1-2, and
+# `keep` bundles whose dense FFN is the source's bytes), predictor, then globals (final norm ...)
+# and an untied head.
 BLOCK_KINDS = ("embedding", "attention", "ffn", "neurons", "predictor", "globals", "head")
 LAYER_BLOCK_KINDS = ("attention", "ffn", "neurons", "predictor")
+
+
 
 def align_up(n: int, alignment: int) -> int:
     return -(-n // alignment) * alignment

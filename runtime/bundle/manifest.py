@@ -16,6 +16,7 @@ from typing import Any
 import numpy as np
 from edgeflash.base.errors import ModelFormatError, UnsupportedModelError
 from edgeflash.kernels.formats import FORMATS
+from edgeflash.runtime.bundle.arena import is_one_copy
 from edgeflash.runtime.bundle.layout import (
     BLOCK_ALIGNMENT,
     BLOCK_KINDS,
@@ -217,6 +218,10 @@ def _parse_block(c: _Checker, b: Any, field: str, weights_size: int) -> BlockEnt
     arena = None
     if b.get("arena") is not None:
         arena = _parse_arena(c, b["arena"], f"{field}.arena", name, data_nbytes)
+        if kind == "ffn" and not is_one_copy([p.name for p in arena.parts], [p.fmt for p in arena.parts],
+                                             [p.offset for p in arena.parts], arena.d_model):
+            raise c.fail(f"{field}.arena: the FFN block's arena must hold gate and up in one format at offsets 0 "
+                         "and row_bytes, then down at 2 x row_bytes (the layer's one copy of its FFN)")
     return BlockEntry(name=name, kind=kind, layer=layer, offset=offset, nbytes=nbytes, data_nbytes=data_nbytes,
                       crc32=crc, tensors=tuple(str(n) for n in names), arena=arena)
 

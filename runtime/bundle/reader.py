@@ -22,6 +22,7 @@ from typing import Any
 
 import numpy as np
 from edgeflash.base.errors import IntegrityError, ModelFormatError
+from edgeflash.runtime.bundle.arena import DENSE_NAMES, ArenaTensor, arena_tensor_name
 from edgeflash.runtime.bundle.layout import MANIFEST_FILE, TOKENIZER_FILE, TOKENIZER_TABLES_FILE, WEIGHTS_FILE
 from edgeflash.runtime.bundle.manifest import ArenaEntry, BlockEntry, Manifest, TensorEntry, parse_manifest
 from edgeflash.runtime.bundle.packed import is_packed, unpack_array
@@ -91,11 +92,24 @@ class Bundle:
             raise KeyError(f"bundle {self.path} has no block {name!r}") from None
 
     def arena_block(self, layer: int) -> BlockEntry:
-        """The block holding a layer's neuron arena (bundles exported with --no-neuron-arena have none)."""
-        block = self.blocks.get(f"layer.{layer}.neurons")
-        if block is None or block.arena is None:
-            raise KeyError(f"bundle {self.path} has no neuron arena for layer {layer}")
-        return block
+        """The block holding a layer's neuron arena: its `ffn` block (format 3: the FFN's one copy)
+        or its `neurons` block (formats 1-2, `keep`); bundles exported with --no-neuron-arena have none."""
+        for kind in ("ffn", "neurons"):
+            block = self.blocks.get(f"layer.{layer}.{kind}")
+            if block is not None and block.arena is not None:
+                return block
+        raise KeyError(f"bundle {self.path} has no neuron arena for layer {layer}")
+
+    def ffn_arenas(self) -> dict[str, ArenaTensor]:
+        """Per layer whose FFN is stored only as its arena, that arena as a tensor (`blk.N.ffn_arena`)."""
+        out = {}
+        for block in self.blocks.values():
+            if block.kind == "ffn" and block.arena is not None:
+                a = block.arena
+                out[arena_tensor_name(a.layer)] = ArenaTensor(
+                    arena_tensor_name(a.layer), a.part("gate").fmt, a.n_neurons, a.d_model,
+                    _arena_view(a, self._region(block.offset, block.nbytes)), a.order, a.part("down").fmt)
+        return out
 
     # -- integrity ----------------------------------------------------------------------------------
 
@@ -108,6 +122,30 @@ class Bundle:
         tables = self.manifest.tokenizer_tables
         if tables is not None:
             self._checked_file(TOKENIZER_TABLES_FILE, tables.nbytes, tables.crc32)
+
+    def verify_by_reading(self, chunk_bytes: int = 8 << 20) -> None:
+        """`verify()` through positioned reads of a few MB at a time instead of the memory map, the
+        pages dropped from the cache as they are checked: a bundle larger than the memory left can
+        be verified (an export checks what it wrote this way)."""
+        buf = bytearray(chunk_bytes)
+        fd = os.open(self.weights_path, os.O_RDONLY)
+        try:
+            for block in self.blocks.values():
+                crc, done = 0, 0
+                while done < block.nbytes:
+                    n = os.preadv(fd, [memoryview(buf)[:min(chunk_bytes, block.nbytes - done)]], block.offset + done)
+                    if n <= 0:
+                        raise ModelFormatError(f"{self.weights_path}: file ended inside block {block.name}")
+                    crc = zlib.crc32(memoryview(buf)[:n], crc)
+                    done += n
+                os.posix_fadvise(fd, block.offset, block.nbytes, os.POSIX_FADV_DONTNEED)
+                if crc != block.crc32:
+                    raise IntegrityError(f"{self.weights_path}: checksum mismatch in block {block.name} (bytes "
+                                         f"{block.offset}..{block.offset + block.nbytes}): CRC-32 {crc:08x}, manifest "
+                                         f"says {block.crc32:08x}; the file is corrupted")
+        finally:
+            os.close(fd)
+        self.verify(names=[])  # the tokenizer's files
 
     def _checked_file(self, name: str, nbytes: int, crc32: int) -> bytes:
         """One of the bundle's small files, checked against the size and CRC-32 the manifest gives."""
@@ -273,9 +311,14 @@ def load_bundle(path: str | Path, verify: bool = True):
     bundle = Bundle.open(path, verify=verify)
     raw = bundle.manifest.raw
     tensors = {name: bundle.tensor(name) for name in bundle.tensors}
+    arenas = bundle.ffn_arenas()
+    tensors.update(arenas)
     source = ModelSource(path=Path(path), kind="bundle", spec=bundle.spec, tokenizer=bundle.tokenizer(),
                          tensors=tensors,
                          info={"name": raw["model"].get("name") or Path(path).name, "manifest": raw,
                                "bundle": bundle, "file_bytes": bundle.manifest.weights_nbytes})
-    source.require(expected_tensor_names(bundle.spec))
+    # A layer whose FFN is its arena has no dense gate/up/down tensors.
+    held = {name.split(".")[1] for name in arenas}  # layer numbers
+    source.require([n for n in expected_tensor_names(bundle.spec)
+                    if not (n.startswith("blk.") and n.split(".", 2)[2] in DENSE_NAMES and n.split(".")[1] in held)])
     return source

@@ -39,13 +39,17 @@ class LayerWeights:
         self._tensors, self._prefix = tensors, f"blk.{layer}."
 
     def __getitem__(self, name: str) -> Tensor:
-        try:
-            return self._tensors[self._prefix + name]
-        except KeyError:
-            raise ModelFormatError(f"tensor {self._prefix + name} is missing") from None
+        t = self.get(name)
+        if t is None:
+            raise ModelFormatError(f"tensor {self._prefix + name} is missing")
+        return t
 
     def get(self, name: str) -> Tensor | None:
-        return self._tensors.get(self._prefix + name)
+        t = self._tensors.get(self._prefix + name)
+        if t is None and name in ("ffn_gate.weight", "ffn_up.weight", "ffn_down.weight"):
+            arena = self._tensors.get(self._prefix + "ffn_arena")  # a bundle's one copy of the FFN
+            return arena.dense(name) if arena is not None else None
+        return t
 
 
 def attention_sublayer(ops: Ops, spec: ModelSpec, layer: int, w: LayerWeights, h: np.ndarray,

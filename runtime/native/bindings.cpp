@@ -3,6 +3,7 @@
 // Every buffer the engine reads is checked here and kept alive for as long as the engine may read it.
 #include "bind_engine.h"
 
+#include <nanobind/ndarray.h>
 #include <nanobind/stl/optional.h>
 #include <nanobind/stl/pair.h>
 #include <nanobind/stl/string.h>
@@ -37,6 +38,28 @@ Slot slot_named(const std::string& name) {
   return s;
 }
 
+// Partial sums completed by a Python callable `fn(point, layer, x)` that sums the float32 array x
+// over ranks in place (an MPI all-reduce); x is a view of the engine's buffer, valid during the call.
+class PyPartialSums : public PartialSums {
+ public:
+  explicit PyPartialSums(nb::callable fn) : fn_(std::move(fn)) {}
+  void complete(Point point, int64_t layer, float* x, int64_t count) override {
+    nb::gil_scoped_acquire gil;
+    try {
+      const size_t shape[1] = {static_cast<size_t>(count)};
+      // A view of the engine's buffer (rv_policy::reference: no copy, so the sum lands in place).
+      nb::object view = nb::cast(nb::ndarray<nb::numpy, float, nb::ndim<1>>(x, 1, shape, nb::handle()),
+                                 nb::rv_policy::reference);
+      fn_(static_cast<int>(point), layer, view);
+    } catch (nb::python_error& e) {  // the engine is C++ all the way up to the bindings: carry the message
+      throw KernelError(std::string("completing partial sums across ranks failed: ") + e.what());
+    }
+  }
+
+ private:
+  nb::callable fn_;
+};
+
 // Owns the engine, the resident layer table, the streaming parts and references to every array
 // the engine reads.
 class PyEngine {
@@ -50,23 +73,27 @@ class PyEngine {
     engine_->set_layer_source(&layers_);
   }
 
-  WeightMatrix matrix(const In& raw, const std::string& fmt, int64_t rows, int64_t cols) {
+  // `stride` > 0: rows lie `stride` bytes apart (a neuron arena's bundles), else packed.
+  WeightMatrix matrix(const In& raw, const std::string& fmt, int64_t rows, int64_t cols, size_t stride = 0) {
     const Format f = fmt_of(fmt);
-    const size_t need = static_cast<size_t>(rows) * row_bytes(f, cols);
+    if (stride && stride < row_bytes(f, cols))
+      throw KernelError("row stride " + std::to_string(stride) + " is shorter than a row of " + fmt + " x " +
+                        std::to_string(cols));
+    const size_t need = static_cast<size_t>(rows) * (stride ? stride : row_bytes(f, cols));
     if (nbytes(raw) != need)
       throw KernelError("weight buffer has " + std::to_string(nbytes(raw)) + " bytes, " + std::to_string(rows) +
                         " rows of " + fmt + " x " + std::to_string(cols) + " need " + std::to_string(need));
     keep_.push_back(raw);
-    return WeightMatrix{bytes(raw, "weights"), need, f, rows, cols, 0};
+    return WeightMatrix{bytes(raw, "weights"), need, f, rows, cols, stride};
   }
 
   void set_embedding(const In& raw, const std::string& fmt, int64_t rows, int64_t cols) {
-    check_dims(rows, shape().vocab, cols, shape().d_model, "embedding");
+    check_dims(rows, vocab_rows(), cols, shape().d_model, "embedding");
     engine_->set_embedding(matrix(raw, fmt, rows, cols));
   }
 
   void set_head(const In& raw, const std::string& fmt, int64_t rows, int64_t cols) {
-    check_dims(rows, shape().vocab, cols, shape().d_model, "head");
+    check_dims(rows, vocab_rows(), cols, shape().d_model, "head");
     engine_->set_head(matrix(raw, fmt, rows, cols));
   }
 
@@ -83,12 +110,14 @@ class PyEngine {
   }
 
   void set_matrix(int64_t layer, const std::string& name, const In& raw, const std::string& fmt, int64_t rows,
-                  int64_t cols) {
+                  int64_t cols, size_t stride) {
     const Slot slot = slot_named(name);
     if (!is_matrix(slot)) throw KernelError("'" + name + "' is a vector, not a matrix");
+    if ((slot == Slot::ffn_arena) != (stride > 0))
+      throw KernelError("'" + name + "': only an FFN arena has a row stride (one neuron bundle)");
     const auto [want_rows, want_cols] = slot_dims(shape(), slot);
     check_dims(rows, want_rows, cols, want_cols, name);
-    layer_at(layer).matrix(slot) = matrix(raw, fmt, rows, cols);
+    layer_at(layer).matrix(slot) = matrix(raw, fmt, rows, cols, stride);
   }
 
   void set_vector(int64_t layer, const std::string& name, const In& values) {
@@ -130,13 +159,13 @@ class PyEngine {
         if (u.layer >= 0) {
           const auto [want_rows, want_cols] = slot_dims(shape(), t.target);
           check_dims(t.rows, want_rows, t.cols, want_cols, slot_info(t.target).name);
-        } else if (t.cols != shape().d_model || u.head_row0 < 0 || u.head_row0 + t.rows > shape().vocab) {
+        } else if (t.cols != shape().d_model || u.head_row0 < 0 || u.head_row0 + t.rows > vocab_rows()) {
           throw KernelError("head chunk rows or columns do not fit the model");
         }
       }
     }
     if (plan.stream_embedding)
-      check_dims(plan.embedding.rows, shape().vocab, plan.embedding.cols, shape().d_model, "embedding");
+      check_dims(plan.embedding.rows, vocab_rows(), plan.embedding.cols, shape().d_model, "embedding");
     reader_ = std::make_shared<memory::DirectReader>(plan.path, plan.direct, plan.io_threads, plan.chunk_bytes);
     streaming_ = std::make_unique<memory::StreamingWeights>(reader_, &layers_, shape().n_layers, plan.units,
                                                             plan.slots, plan.staging_bytes, plan.prefetch);
@@ -180,12 +209,21 @@ class PyEngine {
   }
   size_t staging_bytes() const { return streaming_ ? streaming_->staging_bytes() : 0; }
 
+  void set_ffn_thresholds(std::vector<float> thresholds) { engine_->set_ffn_thresholds(std::move(thresholds)); }
+  void set_arena_down_format(int64_t layer, const std::string& fmt) { engine_->set_arena_down_format(layer, fmt_of(fmt)); }
+  // Tensor parallelism: `fn(point, layer, x)` sums x over the ranks in place (PyPartialSums).
+  void set_partial_sums(nb::callable fn) {
+    partial_sums_ = std::make_unique<PyPartialSums>(std::move(fn));
+    engine_->set_partial_sums(partial_sums_.get());
+  }
+
   int64_t truncate(int64_t n) { return engine_->truncate(n); }
   int64_t committed() const { return engine_->committed(); }
   EngineMemory memory() const { return engine_->memory(); }
 
  private:
   const ModelShape& shape() const { return engine_->shape(); }
+  int64_t vocab_rows() const { return shape().vocab_end - shape().vocab_begin; }  // embedding and head rows held
 
   LayerWeights& layer_at(int64_t layer) {
     if (layer < 0 || layer >= shape().n_layers) throw KernelError("layer index out of range");
@@ -197,6 +235,7 @@ class PyEngine {
   std::unique_ptr<memory::StreamingWeights> streaming_;
   std::unique_ptr<memory::StreamedEmbedding> embedding_;
   std::unique_ptr<memory::NeuronCacheFfn> sparse_;
+  std::unique_ptr<PyPartialSums> partial_sums_;
   std::unique_ptr<Engine> engine_;  // declared last: destroyed first, before what it reads
   std::vector<In> keep_;  // every array the engine reads stays alive with it
 };
@@ -230,7 +269,9 @@ void bind_engine(nb::module_& m) {
           "activation", [](const ModelShape& s) { return std::string(s.act == Activation::silu ? "silu" : "gelu_tanh"); },
           [](ModelShape& s, const std::string& name) { s.act = act_of(name); })
       .def_rw("qk_norm", &ModelShape::qk_norm)
-      .def_rw("sandwich_norm", &ModelShape::sandwich_norm);
+      .def_rw("sandwich_norm", &ModelShape::sandwich_norm)
+      .def_rw("vocab_begin", &ModelShape::vocab_begin)
+      .def_rw("vocab_end", &ModelShape::vocab_end);
 
   nb::class_<LayerShape>(m, "LayerShape")
       .def(nb::init<>())
@@ -265,7 +306,8 @@ void bind_engine(nb::module_& m) {
       .def("set_head", &PyEngine::set_head)
       .def("set_output_norm", &PyEngine::set_output_norm)
       .def("set_head_shortlist", &PyEngine::set_head_shortlist)
-      .def("set_matrix", &PyEngine::set_matrix)
+      .def("set_matrix", &PyEngine::set_matrix, nb::arg("layer"), nb::arg("name"), nb::arg("raw"), nb::arg("fmt"),
+           nb::arg("rows"), nb::arg("cols"), nb::arg("stride") = 0)
       .def("set_vector", &PyEngine::set_vector)
       .def("forward", &PyEngine::forward, nb::arg("tokens"), nb::arg("positions"), nb::arg("tree_mask").none(),
            nb::arg("logit_rows"), nb::arg("out"))
@@ -274,6 +316,9 @@ void bind_engine(nb::module_& m) {
       .def("set_streaming", &PyEngine::set_streaming, nb::arg("plan"))
       .def("set_sparse_ffn", &PyEngine::set_sparse_ffn, nb::arg("layers"), nb::arg("gate"), nb::arg("up"),
            nb::arg("down"), nb::arg("capacity"), nb::arg("window"))
+      .def("set_ffn_thresholds", &PyEngine::set_ffn_thresholds, nb::arg("thresholds"))
+      .def("set_arena_down_format", &PyEngine::set_arena_down_format, nb::arg("layer"), nb::arg("fmt"))
+      .def("set_partial_sums", &PyEngine::set_partial_sums, nb::arg("fn"))
       .def("reader_stats", &PyEngine::reader_stats)
       .def("stream_stats", &PyEngine::stream_stats)
       .def("neuron_stats", &PyEngine::neuron_stats)

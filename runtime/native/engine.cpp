@@ -45,6 +45,7 @@ std::pair<int64_t, int64_t> slot_dims(const ModelShape& s, Slot slot) {
     case Slot::down: return {s.d_model, s.d_ff};
     case Slot::pred_a: return {-1, s.d_model};
     case Slot::pred_b: return {s.d_ff, -1};
+    case Slot::ffn_arena: return {s.d_ff, s.d_model};
     case Slot::attn_norm: case Slot::ffn_norm: case Slot::post_attn_norm: case Slot::post_ffn_norm:
       return {s.d_model, 1};
     case Slot::q_norm: case Slot::k_norm: return {s.head_dim, 1};
@@ -88,7 +89,7 @@ EngineMemory plan_memory(const ModelShape& shape, const std::vector<LayerShape>&
   // x, h, sel: [b, d_model]; q, attn: [b, q]; k, v: [b, kv]; gate, up: [b, d_ff]; slots: [b] int32
   const int64_t floats = 3 * z.x + 2 * z.q + 2 * z.kv + 2 * z.ffn + z.act2 + z.out2 + z.head_part;
   m.activations = static_cast<size_t>(floats) * sizeof(float) + static_cast<size_t>(z.mask) + z.quantized_acts +
-                  static_cast<size_t>(options.max_batch) * sizeof(int32_t);
+                  static_cast<size_t>(options.max_batch + shape.d_ff) * sizeof(int32_t);
   return m;
 }
 
@@ -102,6 +103,10 @@ Engine::Engine(const ModelShape& shape, std::vector<LayerShape> layers, const En
   if (options_.kv_format != Format::f16 && options_.kv_format != Format::q8_0)
     throw engine_error("the KV cache format must be f16 or q8_0");
   if (shape_.n_heads % shape_.n_kv_heads) throw engine_error("n_heads must be a multiple of n_kv_heads");
+  if (shape_.vocab_begin == 0 && shape_.vocab_end == 0) shape_.vocab_end = shape_.vocab;
+  if (shape_.vocab_begin < 0 || shape_.vocab_begin >= shape_.vocab_end || shape_.vocab_end > shape_.vocab)
+    throw engine_error("the vocabulary rows [" + std::to_string(shape_.vocab_begin) + ", " +
+                       std::to_string(shape_.vocab_end) + ") are not inside 0.." + std::to_string(shape_.vocab));
   // Every buffer the forward pass may use, allocated now with the sizes plan_memory counts:
   // nothing grows while the model runs (a budgeted run plans with these numbers).
   const BufferSizes z = buffer_sizes(shape_, layer_shapes_, options_);
@@ -118,6 +123,9 @@ Engine::Engine(const ModelShape& shape, std::vector<LayerShape> layers, const En
   for (auto* buf : {&k_, &v_}) buf->resize(z.kv);
   for (auto* buf : {&gate_, &up_}) buf->resize(z.ffn);
   slots_.resize(options_.max_batch);
+  arena_down_.assign(static_cast<size_t>(shape_.n_layers), -1);
+  all_neurons_.resize(static_cast<size_t>(shape_.d_ff));
+  for (int64_t i = 0; i < shape_.d_ff; ++i) all_neurons_[i] = static_cast<int32_t>(i);
   act2_.assign(z.act2, 0.0f);
   out2_.resize(z.out2);
   head_part_.resize(z.head_part);
@@ -156,6 +164,39 @@ void Engine::linear(const WeightMatrix& w, const float* x, QuantizedActs& xq, bo
   for (int64_t i = 0; i < n * w.rows; ++i) y[i] = lo[i] + hi[i];
 }
 
+// The dense FFN read from a bundle's one copy of it, the neuron arena: the sparse-FFN kernel over
+// every neuron, with no threshold, computes exactly sum_n act(gate_n . x) (up_n . x) down_n.
+void Engine::set_ffn_thresholds(std::vector<float> thresholds) {
+  if (!thresholds.empty() && static_cast<int64_t>(thresholds.size()) != shape_.n_layers)
+    throw engine_error("FFN thresholds: one per layer is needed");
+  ffn_thresholds_ = std::move(thresholds);
+  token_thresholds_.assign(static_cast<size_t>(options_.max_batch), 0.0f);
+}
+
+void Engine::set_arena_down_format(int64_t layer, Format fmt) {
+  if (layer < 0 || layer >= shape_.n_layers) throw engine_error("arena down format: layer out of range");
+  arena_down_[layer] = static_cast<int>(fmt);
+}
+
+void Engine::ffn_from_arena(int64_t layer, const WeightMatrix& w, const float* x, int64_t n, float* out) {
+  if (w.rows != shape_.d_ff || w.cols != shape_.d_model || !w.stride)
+    throw engine_error("an FFN arena must hold d_ff neuron bundles of d_model values with a stride");
+  NeuronArena a;
+  a.data = w.data;
+  a.size_bytes = w.size_bytes;
+  a.n_slots = w.rows;
+  a.d_model = w.cols;
+  a.gate = a.up = w.fmt;
+  a.down = arena_down_[layer] < 0 ? w.fmt : static_cast<Format>(arena_down_[layer]);
+  a.stride = w.stride;
+  const float* thresholds = nullptr;
+  if (!ffn_thresholds_.empty() && ffn_thresholds_[layer] > 0.0f) {
+    std::fill(token_thresholds_.begin(), token_thresholds_.begin() + n, ffn_thresholds_[layer]);
+    thresholds = token_thresholds_.data();
+  }
+  ffn_sparse(a, x, n, all_neurons_.data(), w.rows, shape_.act, thresholds, out, false);
+}
+
 void Engine::build_attention_mask(int64_t layer, int64_t n, const uint8_t* tree_mask) {
   // Committed slots are visible (the kernel still applies causality and the window); among the
   // new tokens only the tree's ancestors are.
@@ -169,10 +210,10 @@ void Engine::check_layer(int64_t layer, const LayerWeights& w) const {
   const ModelShape& s = shape_;
   const std::pair<const WeightMatrix*, const char*> matrices[] = {
       {&w.q, "q"}, {&w.k, "k"}, {&w.v, "v"}, {&w.o, "o"}, {&w.gate, "gate"}, {&w.up, "up"}, {&w.down, "down"}};
-  const bool sparse_ffn = ffn_hook_ && ffn_hook_->active(layer);
+  const bool ffn_elsewhere = (ffn_hook_ && ffn_hook_->active(layer)) || w.ffn_arena.data;
   for (const auto& [m, name] : matrices) {
     const bool ffn_matrix = m == &w.gate || m == &w.up || m == &w.down;
-    if (!m->data && !(ffn_matrix && sparse_ffn))
+    if (!m->data && !(ffn_matrix && ffn_elsewhere))
       throw engine_error("layer " + std::to_string(layer) + " has no " + name + " weights");
   }
   const bool missing_norm = !w.attn_norm || !w.ffn_norm || (s.qk_norm && (!w.q_norm || !w.k_norm)) ||
@@ -224,6 +265,7 @@ void Engine::run_block(int64_t layer, const LayerWeights& w, int64_t n, const in
   a.out = attn_.data();
   attention(cache, a);
   linear(w.o, attn_.data(), xq_, false, n, h);
+  complete(PartialSums::Point::attention, layer, h, n * d);
   if (s.sandwich_norm) rms_norm(h, w.post_attn_norm, h, n, d, s.norm_eps);
   add_into(x, h, n * d);
 
@@ -232,12 +274,16 @@ void Engine::run_block(int64_t layer, const LayerWeights& w, int64_t n, const in
   if (ffn_hook_ && ffn_hook_->active(layer)) {
     ffn_hook_->compute(layer, w, h, n, sel_.data());  // sel_ is free until the logits
     std::memcpy(h, sel_.data(), static_cast<size_t>(n * d) * sizeof(float));
+  } else if (w.ffn_arena.data) {
+    ffn_from_arena(layer, w.ffn_arena, h, n, sel_.data());
+    std::memcpy(h, sel_.data(), static_cast<size_t>(n * d) * sizeof(float));
   } else {
     linear(w.gate, h, xq_, false, n, gate_.data());
     linear(w.up, h, xq_, true, n, up_.data());
     gated_act(gate_.data(), up_.data(), gate_.data(), n * s.d_ff, s.act);
     linear(w.down, gate_.data(), xq_, false, n, h);
   }
+  complete(PartialSums::Point::ffn, layer, h, n * d);
   if (s.sandwich_norm) rms_norm(h, w.post_ffn_norm, h, n, d, s.norm_eps);
   add_into(x, h, n * d);
 }
@@ -268,10 +314,7 @@ void Engine::forward(const int32_t* tokens, const int32_t* positions, int64_t n,
   commit(nullptr, 0);  // drop an uncommitted tree from an earlier call
 
   // Embedding rows, scaled.
-  if (embed_source_)
-    embed_source_->rows(tokens, n, x_.data());
-  else
-    dequantize_rows(embed_, tokens, n, x_.data());
+  embed(tokens, n, x_.data());
   if (s.embedding_scale != 1.0f)
     for (int64_t i = 0; i < n * s.d_model; ++i) x_[i] *= s.embedding_scale;
 
@@ -308,6 +351,33 @@ void Engine::forward(const int32_t* tokens, const int32_t* positions, int64_t n,
   }
 }
 
+void Engine::complete(PartialSums::Point point, int64_t layer, float* x, int64_t count) {
+  if (partial_sums_) partial_sums_->complete(point, layer, x, count);
+}
+
+void Engine::embed(const int32_t* tokens, int64_t n, float* x) {
+  const ModelShape& s = shape_;
+  if (s.vocab_begin == 0 && s.vocab_end == s.vocab) {
+    if (embed_source_)
+      embed_source_->rows(tokens, n, x);
+    else
+      dequantize_rows(embed_, tokens, n, x);
+    return;
+  }
+  // This rank holds rows [vocab_begin, vocab_end): its tokens' rows, zeros for the others, summed over ranks.
+  if (!partial_sums_) throw engine_error("a share of the vocabulary needs the partial sums of the other ranks");
+  std::memset(x, 0, static_cast<size_t>(n * s.d_model) * sizeof(float));
+  for (int64_t j = 0; j < n; ++j) {
+    if (tokens[j] < s.vocab_begin || tokens[j] >= s.vocab_end) continue;
+    const int32_t row = static_cast<int32_t>(tokens[j] - s.vocab_begin);
+    if (embed_source_)
+      embed_source_->rows(&row, 1, x + j * s.d_model);
+    else
+      dequantize_rows(embed_, &row, 1, x + j * s.d_model);
+  }
+  complete(PartialSums::Point::embedding, -1, x, n * s.d_model);
+}
+
 void Engine::set_head_shortlist(const WeightMatrix& rows, std::vector<int32_t> ids) {
   if (rows.rows != static_cast<int64_t>(ids.size()) || rows.cols != shape_.d_model)
     throw engine_error("a shortlist head needs one d_model row per token id");
@@ -336,15 +406,19 @@ void Engine::compute_logits(int64_t m, float* logits) {
     }
     return;
   }
+  // A rank holding part of the vocabulary writes its rows' logits; the others are -inf.
+  const int64_t v0 = shape_.vocab_begin;
+  if (v0 != 0 || shape_.vocab_end != shape_.vocab)
+    std::fill(logits, logits + m * shape_.vocab, -std::numeric_limits<float>::infinity());
   if (!head_source_) {  // resident head, in row chunks so temporaries stay small
     for (int64_t r0 = 0; r0 < head_.rows; r0 += options_.head_chunk) {
       const int64_t rows = std::min(options_.head_chunk, head_.rows - r0);
-      float* out = m == 1 ? logits + r0 : head_part_.data();
+      float* out = m == 1 ? logits + v0 + r0 : head_part_.data();
       linear(rows_of(r0, rows), sel_.data(), xq_, ready, m, out);
       ready = true;
       if (m > 1)
         for (int64_t t = 0; t < m; ++t)
-          std::memcpy(logits + t * shape_.vocab + r0, head_part_.data() + t * rows, rows * sizeof(float));
+          std::memcpy(logits + t * shape_.vocab + v0 + r0, head_part_.data() + t * rows, rows * sizeof(float));
     }
     return;
   }
@@ -352,7 +426,8 @@ void Engine::compute_logits(int64_t m, float* logits) {
   for (int64_t c = 0; c < head_source_->n_chunks(); ++c) {
     int64_t row0 = 0;
     const WeightMatrix& w = head_source_->acquire_chunk(c, &row0);
-    if (row0 < 0 || row0 + w.rows > shape_.vocab) throw engine_error("head chunk rows outside the vocabulary");
+    if (row0 < 0 || v0 + row0 + w.rows > shape_.vocab_end) throw engine_error("head chunk rows outside the vocabulary");
+    row0 += v0;
     if (m == 1) {
       linear(w, sel_.data(), xq_, ready, 1, logits + row0);
     } else {
@@ -394,15 +469,15 @@ void Engine::compute_argmax(int64_t m, int32_t* out) {
     for (int64_t c = 0; c < head_source_->n_chunks(); ++c) {
       int64_t row0 = 0;
       const WeightMatrix& w = head_source_->acquire_chunk(c, &row0);
-      fold(w, row0, nullptr);
+      fold(w, shape_.vocab_begin + row0, nullptr);
       head_source_->release_chunk(c);
     }
   } else {
     const size_t rb = row_bytes(head_.fmt, head_.cols);
     for (int64_t r0 = 0; r0 < head_.rows; r0 += options_.head_chunk) {
       const int64_t rows = std::min(options_.head_chunk, head_.rows - r0);
-      fold(WeightMatrix{head_.data + r0 * rb, static_cast<size_t>(rows) * rb, head_.fmt, rows, head_.cols, 0}, r0,
-           nullptr);
+      fold(WeightMatrix{head_.data + r0 * rb, static_cast<size_t>(rows) * rb, head_.fmt, rows, head_.cols, 0},
+           shape_.vocab_begin + r0, nullptr);
     }
   }
 }

@@ -27,6 +27,10 @@ struct ModelShape {
   Activation act = Activation::silu;
   bool qk_norm = false;
   bool sandwich_norm = false;  // Gemma: norms after attention and after the FFN
+  // Tensor parallelism: the embedding and head rows this engine holds, [vocab_begin, vocab_end) of
+  // the vocabulary (0, 0: all of it). n_heads, n_kv_heads and d_ff are then this rank's share, and
+  // a PartialSums completes what each rank computes (Engine::set_partial_sums).
+  int64_t vocab_begin = 0, vocab_end = 0;
 };
 
 struct LayerShape {
@@ -88,6 +92,14 @@ class Engine {
   void set_head_source(HeadSource* source) { head_source_ = source; }        // null = the resident head
   void set_embedding_source(EmbeddingSource* source) { embed_source_ = source; }  // null = resident table
   void set_ffn_hook(FfnHook* hook) { ffn_hook_ = hook; }  // null = dense FFN everywhere
+  // Per layer, the |gate . x| below which an arena FFN skips a neuron (empty or 0: every neuron):
+  // activation sparsity at a calibrated level, to measure what it costs.
+  void set_ffn_thresholds(std::vector<float> thresholds);
+  // The format of the down columns in a layer's FFN arena, when it is not the arena's (gate/up)
+  // format: 4-bit arenas keep down at 5 bits (a block of a column spans 32 output dimensions,
+  // and the residual stream's outlier dimensions cost a 4-bit column more than a 4-bit row).
+  void set_arena_down_format(int64_t layer, Format fmt);
+  void set_partial_sums(PartialSums* sums) { partial_sums_ = sums; }  // null = one process holds everything
 
   // Run `n` new tokens (n <= max_batch). positions[j] is token j's position; tree_mask (n x n,
   // nonzero = token i may attend to new token j) is null for a plain sequence. New keys/values
@@ -125,7 +137,10 @@ class Engine {
                  const int32_t* slots_of_layer, const uint8_t* attn_mask);
   void check_layer(int64_t layer, const LayerWeights& w) const;
   void linear(const WeightMatrix& w, const float* x, QuantizedActs& xq, bool xq_ready, int64_t n, float* y);
+  void ffn_from_arena(int64_t layer, const WeightMatrix& arena, const float* x, int64_t n, float* out);
   void build_attention_mask(int64_t layer, int64_t n, const uint8_t* tree_mask);
+  void embed(const int32_t* tokens, int64_t n, float* x);
+  void complete(PartialSums::Point point, int64_t layer, float* x, int64_t count);
   void compute_logits(int64_t m, float* logits);
   void compute_argmax(int64_t m, int32_t* out);
 
@@ -139,6 +154,7 @@ class Engine {
   HeadSource* head_source_ = nullptr;
   EmbeddingSource* embed_source_ = nullptr;
   FfnHook* ffn_hook_ = nullptr;
+  PartialSums* partial_sums_ = nullptr;
 
   std::vector<LayerCache> caches_;
   int64_t committed_ = 0;       // positions 0..committed_-1 are in the cache
@@ -151,6 +167,9 @@ class Engine {
   std::vector<float> act2_, out2_;  // q8x2: [activations; residuals] and the doubled GEMM output
   std::vector<float> head_part_;    // logits of one head chunk for several rows
   std::vector<int32_t> slots_;
+  std::vector<int32_t> all_neurons_;  // 0..d_ff-1: an arena FFN runs over every neuron
+  std::vector<float> ffn_thresholds_, token_thresholds_;  // per layer; per token of a call
+  std::vector<int> arena_down_;  // per layer: Format of the arena's down part, -1 = the arena's format
   std::vector<uint8_t> mask_;
   QuantizedActs xq_;
 };

@@ -85,7 +85,7 @@ def self_drafter(engine: NativeEngine, layers: int | None = None, shortlist: int
     layers = layers or max(1, n // 4)
     if tensors is not None:  # a budgeted target: only layers it keeps resident can be shared
         resident = 0
-        while resident < n and all(name in tensors for name in _layer_matrices(resident)):
+        while resident < n and all(name in tensors for name in _layer_matrices(resident, tensors)):
             resident += 1
         if resident == 0:
             raise UserError("self-drafting needs the first layers resident; this budget keeps none")
@@ -94,6 +94,9 @@ def self_drafter(engine: NativeEngine, layers: int | None = None, shortlist: int
     return ModelDrafter(draft, draft.weights.head, "self")
 
 
-def _layer_matrices(layer: int) -> list[str]:
+def _layer_matrices(layer: int, tensors: dict) -> list[str]:
+    # a format-3 bundle's FFN is one neuron arena; earlier formats hold three matrices
+    ffn = ("ffn_arena",) if f"blk.{layer}.ffn_arena" in tensors else ("ffn_gate.weight", "ffn_up.weight",
+                                                                       "ffn_down.weight")
     return [f"blk.{layer}.{n}" for n in ("attn_q.weight", "attn_k.weight", "attn_v.weight", "attn_output.weight",
-                                         "ffn_gate.weight", "ffn_up.weight", "ffn_down.weight")]
+                                         *ffn)]

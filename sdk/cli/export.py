@@ -13,11 +13,15 @@ from edgeflash.cli.args import non_negative_int, positive_int
 
 HELP = "export a model to an edgeflash bundle, ExecuTorch, ONNX or Core ML"
 DESCRIPTION = """Export SOURCE (a GGUF file, a Hugging Face directory or a model alias) to the bundle
-directory OUT: quantize with --quant, calibrate on text (sparsity thresholds, hot-first neuron
-order, predictors, token frequencies), write 4 KiB-aligned checksummed blocks, and print a
-quality report (perplexity against the source model on held-out text).
+directory OUT, one layer at a time: calibrate on text (code for a code model), quantize with
+--quant, store each layer's FFN once as neuron arenas (dense and sparse reads both use them),
+write 4 KiB-aligned checksummed blocks, and print a quality report (perplexity against the source
+model on a few hundred held-out tokens; --full-report: both texts, each sparsity level and the
+round-to-nearest baseline). The expected peak memory is printed first; an export that would not
+fit in the memory available is refused.
 
-schemes: keep, f16, q8_0, q4_0, q4_0-rtn, q4_1, q4_1-rtn, q4_k, q4_lut, q4_0-mixed, q4_lut-mixed,
+schemes: keep, f16, q8_0, q4_0, q4_0-rtn, q4_1, q4_1-rtn, q5_0, q4_k, q4_lut, q4_0-mixed, q4_lut-mixed,
+  llama.cpp's names where they map (Q4_K_M, Q4_K_S, Q8_0, Q4_0, Q4_1, Q5_0, F16, F32),
   or mixed:ROLE=FORMAT[/METHOD][@GROUP],... with roles embedding, head, attention, ffn, norm, *
 
 targets: bundle (default), executorch (.pte, XNNPACK), onnx (.onnx, onnxruntime),
@@ -30,6 +34,7 @@ examples:
   edgeflash export smollm2-135m -o out/smol-et --target executorch --quant q4_0-rtn --chunks 2
   edgeflash export smollm2-135m -o out/smol-keep --quant keep
   edgeflash export model.gguf -o out/m --quant mixed:attention=q8_0,ffn=q4_0 --calibration my.txt
+  edgeflash export qwen2.5-coder-1.5b -o out/coder --quant Q4_K_M --full-report
 """
 
 
@@ -71,24 +76,33 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--calibration-tokens", type=non_negative_int, default=None,
                    help="calibration tokens run through the model (default: 2048; platform targets 512, "
                         "0 = unweighted quantization)")
-    p.add_argument("--eval-tokens", type=non_negative_int, default=1024,
-                   help="held-out tokens for perplexity; 0 skips evaluation (default: %(default)s)")
+    p.add_argument("--eval-tokens", type=non_negative_int, default=None,
+                   help="held-out tokens for perplexity; 0 skips evaluation (default: 512, 1024 with --full-report)")
+    p.add_argument("--full-report", action="store_true",
+                   help="evaluate on prose and code, at each sparsity level, and the round-to-nearest baseline")
     p.add_argument("--sparsity-eval-tokens", type=positive_int, default=512,
-                   help="held-out tokens (first windows) for each sparsity level's perplexity (default: %(default)s)")
-    p.add_argument("--window", type=positive_int, default=512, dest="window_tokens",
+                   help="--full-report: held-out tokens for each sparsity level's perplexity (default: %(default)s)")
+    p.add_argument("--window-tokens", type=positive_int, default=512, dest="window_tokens",
                    help="tokens per calibration/evaluation window (default: %(default)s)")
-    p.add_argument("--sparsity", type=_fractions, default=[0.3, 0.5, 0.7],
-                   help="target activation sparsities to calibrate (default: 0.3,0.5,0.7)")
+    p.add_argument("--window", type=positive_int, dest="window_tokens", help=argparse.SUPPRESS)  # earlier name
+    p.add_argument("--sparsity-levels", type=_fractions, default=[0.3, 0.5, 0.7], dest="sparsity",
+                   help="activation sparsities to calibrate thresholds for (default: 0.3,0.5,0.7)")
+    p.add_argument("--sparsity", type=_fractions, dest="sparsity", help=argparse.SUPPRESS)  # earlier name
+    p.add_argument("--no-memory-check", action="store_false", dest="check_memory",
+                   help="export even when the expected peak memory exceeds what is available")
     p.add_argument("--no-neuron-arena", action="store_false", dest="neuron_arena",
-                   help="do not store the FFN a second time as neuron bundles (saves flash; no sparse mode)")
+                   help="store the FFN as dense matrices instead of neuron arenas (no sparse mode)")
     p.add_argument("--predictor-rank", type=non_negative_int, default=64,
                    help="rank of the low-rank neuron predictors; 0 = none (default: %(default)s)")
     p.add_argument("--top-tokens", type=positive_int, default=8192,
                    help="most frequent calibration tokens stored for self-drafting (default: %(default)s)")
     p.add_argument("--no-baseline", action="store_false", dest="baseline",
-                   help="skip the round-to-nearest baseline perplexity of calibrated schemes")
+                   help="--full-report: skip the round-to-nearest baseline perplexity of calibrated schemes")
     p.add_argument("-t", "--threads", type=positive_int, default=2,
-                   help="CPU threads for large matrix products (default: %(default)s)")
+                   help="CPU threads (default: %(default)s)")
+    p.add_argument("--ranks", type=positive_int, default=None, metavar="N",
+                   help="write OUT/rank-0 .. rank-N-1, one bundle per rank of a tensor-parallel run (mpirun -n N "
+                        "edgeflash generate -m OUT); copies the source's encoding, so -q does not apply")
     p.add_argument("-f", "--force", action="store_true", help="replace an existing bundle at OUT")
     p.add_argument("--quiet", action="store_true", help="no progress bars")
     p.add_argument("--tensors", action="store_true", help="list every tensor's format and SQNR in the report")
@@ -98,9 +112,10 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 # Options of the bundle target only: dest -> (flag, default). A platform target refuses them when
 # set, so that no flag silently does nothing.
-BUNDLE_ONLY = {"calibration": ("--calibration", None), "eval_tokens": ("--eval-tokens", 1024),
-               "sparsity_eval_tokens": ("--sparsity-eval-tokens", 512), "window_tokens": ("--window", 512),
-               "sparsity": ("--sparsity", [0.3, 0.5, 0.7]), "neuron_arena": ("--no-neuron-arena", True),
+BUNDLE_ONLY = {"calibration": ("--calibration", None), "eval_tokens": ("--eval-tokens", None),
+               "sparsity_eval_tokens": ("--sparsity-eval-tokens", 512), "window_tokens": ("--window-tokens", 512),
+               "sparsity": ("--sparsity-levels", [0.3, 0.5, 0.7]), "neuron_arena": ("--no-neuron-arena", True),
+               "full_report": ("--full-report", False), "check_memory": ("--no-memory-check", True),
                "predictor_rank": ("--predictor-rank", 64), "top_tokens": ("--top-tokens", 8192),
                "baseline": ("--no-baseline", True), "tensors": ("--tensors", False)}
 PLATFORM_ONLY = ("chunks", "cache_len", "prefill_tokens", "kv", "et_activations")
@@ -112,6 +127,13 @@ def run(args: argparse.Namespace) -> int:
     from edgeflash.runtime.bundle.describe import render, summary
 
     check_target(args.target)  # before any option check: an unknown target is the first thing to say
+    if args.ranks is not None:
+        if args.target != "bundle":
+            raise UserError(f"--ranks: writes bundles, not --target {args.target}")
+        from edgeflash.export.shard import export_shards
+
+        export_shards(args.source, args.output, args.ranks, overwrite=args.force, progress=not args.quiet)
+        return 0
     quant = _quant(args)
     if args.target != "bundle":
         return _run_platform(args, quant)
@@ -125,10 +147,11 @@ def run(args: argparse.Namespace) -> int:
     result = export(args.source, args.output, quant=quant, target=args.target,
                     calibration=args.calibration, calibration_tokens=args.calibration_tokens or 2048,
                     eval_tokens=args.eval_tokens, sparsity_eval_tokens=args.sparsity_eval_tokens,
-                    window_tokens=args.window_tokens, sparsity=args.sparsity,
+                    window_tokens=args.window_tokens, sparsity_levels=args.sparsity,
                     neuron_arena=args.neuron_arena, predictor_rank=args.predictor_rank,
-                    top_tokens=args.top_tokens, group_size=args.group_size, baseline=args.baseline,
-                    overwrite=args.force, progress=not args.quiet, threads=args.threads)
+                    top_tokens=args.top_tokens, group_size=args.group_size, full_report=args.full_report,
+                    baseline=args.baseline, check_memory=args.check_memory, overwrite=args.force,
+                    progress=not args.quiet, threads=args.threads)
     out = sys.stdout
     out.write(render(result.manifest, blocks=False, tensors=args.tensors) + "\n")
     out.write(f"wrote {result.path}\n")

@@ -21,6 +21,7 @@ from edgeflash.cli.args import (
     sampling_kwargs,
     warn_without_chat_template,
 )
+from edgeflash.cli.ranks import add_rank_options, generate_on_ranks
 
 HELP = "generate text from a prompt"
 DESCRIPTION = """Generate a continuation of PROMPT and stream it to stdout.
@@ -56,6 +57,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    help="print one JSON object (prompt, text, statistics) on stdout; the text streams to stderr")
     add_advanced_sampling_options(p)
     add_advanced_engine_options(p)
+    add_rank_options(p)
     p.set_defaults(run=run)
 
 
@@ -97,8 +99,11 @@ def run(args: argparse.Namespace) -> int:
     import edgeflash as ef
     import edgeflash.api  # noqa: F401  (everything a load needs, so the baseline below is the loader's)
     from edgeflash.base.rss import current_rss_bytes
+    from edgeflash.runtime.distributed.comm import launched_by_mpi
 
     prompt = read_prompt(args)
+    if launched_by_mpi():  # one rank of a split model (edgeflash export --ranks N)
+        return generate_on_ranks(args, prompt, memory_stats, summary_line)
     baseline = current_rss_bytes()
     t0 = time.perf_counter()
     model = ef.load(args.model, **load_kwargs(args))

@@ -19,6 +19,7 @@ from edgeflash.cli.args import (
     sampling_kwargs,
     warn_without_chat_template,
 )
+from edgeflash.cli.ranks import add_rank_options
 
 HELP = "serve a model over HTTP with the OpenAI API shape (and a web chat page)"
 DESCRIPTION = """Serve MODEL on an OpenAI-compatible HTTP API: POST /v1/chat/completions and
@@ -69,6 +70,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                      help="how long the running request may finish on shutdown (default: %(default)s)")
     add_advanced_sampling_options(p)
     add_advanced_engine_options(p)
+    add_rank_options(p)
     p.set_defaults(run=run)
 
 
@@ -82,6 +84,8 @@ def default_model_id(model: str) -> str:
 
 def run(args: argparse.Namespace) -> int:
     import edgeflash as ef
+    from edgeflash.cli.ranks import load_on_ranks
+    from edgeflash.runtime.distributed.comm import launched_by_mpi
     from edgeflash.server import Server, ServerConfig
     from edgeflash.server.network import exposure_warning
 
@@ -91,7 +95,13 @@ def run(args: argparse.Namespace) -> int:
         max_queue=args.max_queue, max_tokens=args.max_tokens, max_prompt_tokens=args.max_prompt_tokens,
         max_body_bytes=args.max_body_bytes, api_key=args.api_key, shutdown_grace_s=args.shutdown_grace,
         sampling_defaults=sampling_kwargs(args), access_log=not args.quiet, cors_origins=tuple(args.cors_origins))
-    model = ef.load(args.model, **load_kwargs(args))
+    if launched_by_mpi():  # rank 0 serves a split model; the other ranks run what it asks
+        model, comm, _ = load_on_ranks(args, lead=True)
+        if comm.rank != 0:
+            model.engine.follow()
+            return 0
+    else:
+        model = ef.load(args.model, **load_kwargs(args))
     warn_without_chat_template(model)
     config.aliases += (model.name,)
     server = Server(model, config)
@@ -103,6 +113,10 @@ def run(args: argparse.Namespace) -> int:
               f"{model.engine.context_length}) listening on {s.url} (chat page at {s.url}/); "
               "Ctrl-C stops", flush=True)
 
-    server.serve_until_signal(on_ready=ready)
+    try:
+        server.serve_until_signal(on_ready=ready)
+    finally:
+        if launched_by_mpi():
+            model.engine.close()  # releases the other ranks
     print("edgeflash serve: stopped", flush=True)
     return 0

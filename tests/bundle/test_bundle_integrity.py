@@ -99,7 +99,7 @@ def _block(m, name):
 
 
 def _arena(m):
-    return _block(m, "layer.0.neurons")["arena"]
+    return _block(m, "layer.0.ffn")["arena"]
 
 
 @pytest.mark.parametrize("edit,error,fragment", [
@@ -113,14 +113,14 @@ def _arena(m):
      "must be multiples of 4096"),
     (lambda m: _block(m, "layer.0.ffn").update(offset=_block(m, "layer.0.attention")["offset"]), ModelFormatError,
      "overlaps the block before it"),
-    (lambda m: _tensor(m, "blk.0.ffn_up.weight").update(offset=10 ** 9), ModelFormatError,
-     "tensor blk.0.ffn_up.weight .* runs past the end of the block's data"),
-    (lambda m: _tensor(m, "blk.0.ffn_up.weight").update(offset=_tensor(m, "blk.0.ffn_gate.weight")["offset"]),
+    (lambda m: _tensor(m, "blk.0.attn_k.weight").update(offset=10 ** 9), ModelFormatError,
+     "tensor blk.0.attn_k.weight .* runs past the end of the block's data"),
+    (lambda m: _tensor(m, "blk.0.attn_k.weight").update(offset=_tensor(m, "blk.0.attn_q.weight")["offset"]),
      ModelFormatError, "overlap"),
-    (lambda m: _tensor(m, "blk.0.ffn_up.weight").update(nbytes=12), ModelFormatError, "nbytes = 12 but shape"),
-    (lambda m: _tensor(m, "blk.0.ffn_up.weight").update(offset=8), ModelFormatError, "not a multiple of 64"),
-    (lambda m: _tensor(m, "blk.0.ffn_up.weight").update(format="q9_9"), ModelFormatError, "'q9_9' is not a known"),
-    (lambda m: _tensor(m, "blk.0.ffn_up.weight").update(block="nowhere"), ModelFormatError,
+    (lambda m: _tensor(m, "blk.0.attn_k.weight").update(nbytes=12), ModelFormatError, "nbytes = 12 but shape"),
+    (lambda m: _tensor(m, "blk.0.attn_k.weight").update(offset=8), ModelFormatError, "not a multiple of 64"),
+    (lambda m: _tensor(m, "blk.0.attn_k.weight").update(format="q9_9"), ModelFormatError, "'q9_9' is not a known"),
+    (lambda m: _tensor(m, "blk.0.attn_k.weight").update(block="nowhere"), ModelFormatError,
      "block 'nowhere' is not in the block table"),
     (lambda m: _arena(m).update(order=pack_array([0] * _arena(m)["n_neurons"], "int32")), ModelFormatError,
      "order must be a permutation"),
@@ -132,8 +132,10 @@ def _arena(m):
      r"calibration\.neurons\.frequency\[0\]\.dtype = 'float16'"),
     (lambda m: m["calibration"]["token_frequencies"]["ids"].update(base64="not base64!"), ModelFormatError,
      r"calibration\.token_frequencies\.ids\.base64: not valid base64"),
-    (lambda m: _block(m, "layer.0.neurons")["arena"].update(n_neurons=10 ** 6), ModelFormatError,
-     "neuron arena of block layer.0.neurons .* runs past the end"),
+    (lambda m: _block(m, "layer.0.ffn")["arena"].update(n_neurons=10 ** 6), ModelFormatError,
+     "neuron arena of block layer.0.ffn .* runs past the end"),
+    (lambda m: _arena(m)["parts"][1].update(format="q8_0", nbytes=68), ModelFormatError,
+     "must hold gate and up in one format"),
     (lambda m: m["blocks"].append(dict(_block(m, "globals"), name="globals")), ModelFormatError, "appears twice"),
     (lambda m: m.pop("blocks"), ModelFormatError, "blocks is missing"),
     (lambda m: m.update(tensors="all of them"), ModelFormatError, "tensors = 'all of them': expected list"),

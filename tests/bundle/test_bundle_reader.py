@@ -18,8 +18,8 @@ def test_layout_rules_hold(tiny_bundle_dir):
     b = Bundle.open(tiny_bundle_dir)
     names = list(b.blocks)
     assert names[0] == "embedding" and names[-2:] == ["globals", "head"]
-    assert names[1:5] == ["layer.0.attention", "layer.0.ffn", "layer.0.neurons", "layer.0.predictor"]
-    assert len(names) == 1 + 4 * 3 + 2  # 3 layers
+    assert names[1:4] == ["layer.0.attention", "layer.0.ffn", "layer.0.predictor"]
+    assert len(names) == 1 + 3 * 3 + 2  # 3 layers
     end = 0
     for block in b.blocks.values():
         assert block.offset % BLOCK_ALIGNMENT == 0 and block.nbytes % BLOCK_ALIGNMENT == 0
@@ -30,11 +30,9 @@ def test_layout_rules_hold(tiny_bundle_dir):
         assert t.offset % TENSOR_ALIGNMENT == 0
         assert t.block == {"token_embd.weight": "embedding", "output.weight": "head",
                            "output_norm.weight": "globals"}.get(t.name, t.block)
-    ffn = b.blocks["layer.1.ffn"]  # dense FFN: its norm first, then gate, up, down
-    first_matrix = min(b.tensors[n].offset for n in ffn.tensors if len(b.tensors[n].shape) > 1)
-    assert all(b.tensors[n].offset < first_matrix for n in ffn.tensors if len(b.tensors[n].shape) == 1)
-    assert set(ffn.tensors) == {"blk.1.ffn_norm.weight", "blk.1.ffn_gate.weight", "blk.1.ffn_up.weight",
-                                "blk.1.ffn_down.weight"}
+    ffn = b.blocks["layer.1.ffn"]  # the FFN, stored once: its norm first, then its neuron arena
+    assert set(ffn.tensors) == {"blk.1.ffn_norm.weight"}
+    assert ffn.arena is not None and b.tensors["blk.1.ffn_norm.weight"].offset < ffn.arena.offset
 
 
 def test_tensors_are_read_only_views_of_one_map(tiny_bundle_dir):
@@ -67,8 +65,8 @@ def test_read_block_into_matches_the_map(tiny_bundle_dir):
         b.read_block_into("globals", bytes(b.blocks["globals"].nbytes))
 
 
-def test_arena_holds_neurons_hot_first(tiny_bundle_dir):
-    import edgeflash.kernels as kernels
+def test_arena_holds_neurons_hot_first(tiny_bundle_dir, tiny_model):
+    from edgeflash import kernels
 
     source = load_bundle(tiny_bundle_dir)
     b = source.info["bundle"]
@@ -79,10 +77,8 @@ def test_arena_holds_neurons_hot_first(tiny_bundle_dir):
         assert arena.shape == (spec.d_ff, entry.stride) and entry.stride % 64 == 0
         freq = np.asarray(manifest["calibration"]["neurons"]["frequency"][layer])
         assert np.all(np.diff(freq[entry.order]) <= 1e-6)  # hot first
-        gate = source.tensors[f"blk.{layer}.ffn_gate.weight"]
         g = entry.part("gate")
-        # gate rows are the dense tensor's bytes (same format), permuted into hot-first order
-        np.testing.assert_array_equal(arena[:, g.offset:g.offset + g.nbytes], gate.raw[entry.order])
+        mlp = tiny_model[0].model.layers[layer].mlp  # the float weights the bundle was exported from
         # the kernel reads the arena as laid out: slot j = neuron order[j] (gate row, up row, down column)
         rows = {p.name: dequantize_raw(np.ascontiguousarray(arena[:, p.offset:p.offset + p.nbytes]), p.fmt,
                                        spec.d_model) for p in entry.parts}  # each [d_ff, d_model]
@@ -93,9 +89,11 @@ def test_arena_holds_neurons_hot_first(tiny_bundle_dir):
                                     gate_fmt=g.fmt, up_fmt=entry.part("up").fmt, down_fmt=entry.part("down").fmt,
                                     act="silu")
         assert np.abs(sparse - expected).max() < 0.02 * np.abs(expected).max()
-        # down columns are the dense down projection's columns, requantized in hot-first order
-        down = source.tensors[f"blk.{layer}.ffn_down.weight"].dequantize()  # [d_model, d_ff]
-        assert sqnr_db(down.T[entry.order], rows["down"]) > 14.0
+        # gate rows and down columns are the model's, quantized, in hot-first order
+        gate = mlp.gate_proj.weight.detach().numpy()  # [d_ff, d_model]
+        down = mlp.down_proj.weight.detach().numpy()  # [d_model, d_ff]
+        assert sqnr_db(gate[entry.order], rows["gate"]) > 14.0
+        assert sqnr_db(np.ascontiguousarray(down.T[entry.order]), rows["down"]) > 14.0
         # arena_in over a buffer filled by a positioned read sees the same bytes
         block = b.arena_block(layer)
         buf = bytearray(block.nbytes)

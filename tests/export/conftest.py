@@ -40,6 +40,5 @@ def heldout_windows(smol):
 @pytest.fixture(scope="session")
 def smol_source_perplexity(smol, heldout_windows):
     from edgeflash.export.evaluate import perplexity
-    from edgeflash.export.ops import FastOps
 
-    return perplexity(smol, heldout_windows, FastOps(), "source", False)
+    return perplexity(smol, heldout_windows)

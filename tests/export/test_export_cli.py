@@ -19,7 +19,7 @@ from edgeflash.runtime.bundle import load_bundle
 from edgeflash.runtime.sources import open_model
 
 # the cheapest export that still runs every stage: nothing to quantize, no arenas, little text
-SMALL = ["--quant", "keep", "--no-neuron-arena", "--calibration-tokens", "64", "--window", "32", "--eval-tokens", "0",
+SMALL = ["--quant", "keep", "--no-neuron-arena", "--calibration-tokens", "64", "--window-tokens", "32", "--eval-tokens", "0",
          "--predictor-rank", "0", "--top-tokens", "256"]
 
 
@@ -52,18 +52,18 @@ def tmpfs(path: Path, size: str, read_only: bool = False):
 
 def test_export_inspect_generate(tmp_path, smollm_path):
     out = tmp_path / "smol-q4_0"
-    proc = cli("export", str(smollm_path), "-o", str(out), "--quant", "q4_0", "--quiet", "--json",
-               "--calibration-tokens", "128", "--window", "64", "--eval-tokens", "64", "--sparsity", "0.5",
+    proc = cli("export", str(smollm_path), "-o", str(out), "--quant", "q4_0", "--quiet", "--json", "--full-report",
+               "--calibration-tokens", "128", "--window-tokens", "64", "--eval-tokens", "64", "--sparsity-levels", "0.5",
                "--predictor-rank", "8", "--top-tokens", "256")
     assert proc.returncode == 0, proc.stderr[-3000:]
-    assert "quality report" in proc.stdout and "round-to-nearest" in proc.stdout
+    assert "quality report" in proc.stdout and "round-to-nearest" in proc.stdout and "sparsity 50%" in proc.stdout
     summary = json.loads(proc.stdout.strip().splitlines()[-1])
     assert summary["quant"]["scheme"] == "q4_0" and summary["report"]["perplexity"]["exported"] > 1
     assert "self-draft vocabulary: top 256 tokens" in proc.stdout and summary["calibration"]["top_tokens"] == 256
 
     proc = cli("inspect", str(out))
     assert proc.returncode == 0, proc.stderr
-    for fragment in ("layer.29.neurons", "arena 1536 neurons", "perplexity on", "checksums: verified"):
+    for fragment in ("layer.29.ffn", "arena 1536 neurons", "perplexity on", "checksums: verified"):
         assert fragment in proc.stdout
     data = json.loads(cli("inspect", str(out), "--json").stdout)
     assert data["verified"] and data["blocks"][0]["name"] == "embedding" and data["calibration"]["top_tokens"] == 256
