@@ -153,6 +153,8 @@ class Generation:
         # Every node of a verified tree takes a cache slot until the pass is committed; near the
         # end of the context the trees get smaller rather than stopping.
         room = self.engine.context_length - len(self.engine.tokens)
+        if self.speculative is not None:
+            room = self.engine.tree_room()
         if self.speculative is not None and room >= 2:
             return self.speculative.step(history, room=room)
         logits = self.engine.forward([history[-1]])[-1]
