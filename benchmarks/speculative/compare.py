@@ -29,8 +29,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "benchmarks"))
 sys.path.insert(0, str(REPO / "benchmarks" / "results"))
-from bench_bundles import ensure_bundle  # noqa: E402
-from record import append_results, new_run_id  # noqa: E402
+from bench_bundles import ensure_bundle
+from record import append_results, new_run_id
 
 OUT = REPO / "bench-out" / "speculative"
 MODELS = ("gemma3-270m", "smollm2-135m", "qwen2.5-coder-0.5b", "qwen2.5-coder-1.5b")
