@@ -72,11 +72,12 @@ def test_draft_head_rows_are_the_draft_models_and_take_in_the_context(smollm_pat
 def test_drafts_shorten_at_the_end_of_the_context(smol_bundle):
     """Speculation runs until the context is full (trees get shallower), and stops where plain
     decoding stops, with the same tokens."""
+    prompt = "one two three, " * 40  # an answer that continues the pattern: lookup has a draft every step
     probe = ef.load(smol_bundle)
-    context = len(probe.encode(GROUNDED)) + 30
+    context = len(probe.encode(prompt)) + 30
     m = ef.load(smol_bundle, context_length=context)
-    plain = m.generate(GROUNDED, max_tokens=64, speculative="none")
-    spec = m.generate(GROUNDED, max_tokens=64, speculative="lookup")
+    plain = m.generate(prompt, max_tokens=64, speculative="none")
+    spec = m.generate(prompt, max_tokens=64, speculative="lookup")
     assert spec.tokens == plain.tokens and plain.finish_reason == spec.finish_reason == "length"
     assert spec.stats["spec_plain_steps"] < len(spec.tokens) // 2  # speculation ran to the end
     assert len(m.engine.tokens) <= context
