@@ -64,11 +64,13 @@ class BudgetedWeights:
                  fixed_costs: dict[str, int] | None = None, io_threads: int | None = None,
                  chunk_bytes: int | None = None, verify: bool = True, sparsity: float | None = None,
                  window: int = 4, head_shortlist: int | None = None, opening_peak: int = 0,
-                 fallback: bool = True):
+                 fallback: bool = True, full_head: bool = True):
         """`fixed_costs`: what the loader measured or reserved besides the engine (tokenizer,
         speculation); `opening_peak`: how far RSS rose while the model was opened (tokenizer and
         metadata built, their temporaries freed): the budget must hold that too. `io_threads`,
-        `chunk_bytes`: None takes `edgeflash probe-io`'s profile of this storage, else defaults."""
+        `chunk_bytes`: None takes `edgeflash probe-io`'s profile of this storage, else defaults.
+        `full_head` False: the head is neither kept nor streamed; the caller gives the engine one of
+        its own after `install` (a draft model's shortlist head, counted in `fixed_costs`)."""
         self.source, self.spec, self.options = source, source.spec, options
         self.budget, self.strategy, self.verify = budget, strategy, verify
         self.sparsity, self.window, self.head_shortlist = sparsity, window, head_shortlist
@@ -84,7 +86,7 @@ class BudgetedWeights:
             if self.approx is None:  # exact mode never reads the sparse-mode predictors
                 skip = frozenset(g for g in layout.groups if g.endswith(".predictor"))
                 self.plan = make_plan(layout, budget, strategy, fixed, head_chunk_limit=options.head_chunk,
-                                      io_threads=threads, chunk_bytes=chunk, skip=skip)
+                                      io_threads=threads, chunk_bytes=chunk, skip=skip, full_head=full_head)
             else:
                 self.plan = self.approx.plan(fixed, threads, chunk)
                 if sparsity is not None:

@@ -152,7 +152,12 @@ class Generation:
         speculative verification (never more than fit in the context)."""
         # Every node of a verified tree takes a cache slot until the pass is committed; near the
         # end of the context the trees get smaller rather than stopping.
-        room = self.engine.context_length - len(self.engine.tokens)
+        # Plain decoding stops with one cache slot free; a tree commits up to its size, so it leaves
+        # that slot free too (the same tokens, the same length), and stays where the engine scores
+        # its nodes as plain decoding would (tree_room).
+        room = self.engine.context_length - len(self.engine.tokens) - 1
+        if self.speculative is not None:
+            room = min(room, self.engine.tree_room())
         if self.speculative is not None and room >= 2:
             return self.speculative.step(history, room=room)
         logits = self.engine.forward([history[-1]])[-1]

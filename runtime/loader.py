@@ -97,10 +97,11 @@ def load_model(path: str | Path, *, memory_budget: str | int | None = None, thre
     opening_peak = peak_rss_bytes() - before if peak_measured else 0
     if context_length is None:
         context_length = default_context(source.spec, budget, kv_format=kv_cache)
-    if speculative != "none":
-        fixed["speculative"] = speculative_reserve(speculative, source, context_length, kv_cache)
     options = engine_options(source.spec, context_length=context_length, max_batch=BUDGETED_MAX_BATCH,
                              kv_format=kv_cache, activations=activations, head_chunk=BUDGETED_HEAD_CHUNK)
+    if speculative != "none":  # a draft model's share depends on what the target needs at the least
+        fixed["speculative"] = speculative_reserve(speculative, source, context_length, kv_cache, budget=budget,
+                                                   options=options, fixed=fixed, strategy=strategy)
     weights = BudgetedWeights(source, budget=budget, options=options, strategy=strategy, fixed_costs=fixed,
                               opening_peak=opening_peak, sparsity=sparsity, window=window,
                               head_shortlist=head_shortlist, fallback=ffn_fallback)

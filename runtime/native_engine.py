@@ -27,6 +27,7 @@ from edgeflash.runtime.tensors import Tensor
 # Per-layer tensor name (after "blk.N.") -> the engine's slot name, from the C++ slot table.
 LAYER_SLOTS: dict[str, str] = {tensor: slot for slot, tensor in _native.layer_slots()}
 MATRIX_SLOTS = frozenset(slot for slot, _ in _native.layer_slots()[:_native.MATRIX_SLOTS])
+ATTENTION_CHUNK = 64  # cache slots the attention kernel reduces together (kChunk in kernels/src/attention.cpp)
 
 
 def _file_map(raw: np.ndarray) -> mmap.mmap | None:
@@ -195,6 +196,20 @@ class NativeEngine:
             if len(rows):
                 outputs.append(logits if all_logits else logits.copy())
         return np.concatenate(outputs) if outputs else np.empty((0, self.spec.vocab_size), np.float32)
+
+    def tree_room(self) -> int:
+        """The most nodes a tree verified now may have and score each node bit for bit as plain
+        decoding would: the tree's cache slots stay inside one attention chunk of every layer, where
+        its ancestors meet the same chunk of keys their plain-decoding slots would (across a chunk
+        boundary the softmax would group the keys otherwise)."""
+        committed = self._engine.committed
+        room = self.context_length - len(self.tokens)
+        for layer in range(self.spec.n_layers):
+            window = self.spec.window(layer)
+            capacity = min(self.context_length, window + self.max_batch) if window else self.context_length
+            slot = committed % capacity
+            room = min(room, ATTENTION_CHUNK - slot % ATTENTION_CHUNK, capacity - slot)
+        return room
 
     def forward_tree(self, tokens: Sequence[int], depths: Sequence[int], mask: np.ndarray, *,
                      argmax_only: bool = False) -> np.ndarray:

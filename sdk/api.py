@@ -35,8 +35,10 @@ def load(model: str | Path = "default", *, memory_budget: str | int | None = Non
     flash and each calibrated level once per budget (remembered) and picks the fastest that agrees
     with exact flash's top-1 on at least 90% of tokens.
     speculative: "none", "lookup" (n-grams of the context), "self" (the model's first layers and a
-    reduced head; needs a bundle), "draft:PATH" (a smaller model with the same tokenizer) or "auto".
-    Lossless: greedy output is unchanged and sampling keeps the model's distribution."""
+    reduced head; needs a bundle), "draft:PATH" (a smaller model with the same tokenizer), "auto"
+    (lookup, and a smaller model with the same tokenizer if one of the model aliases on this machine
+    is one) or "auto:PATH" (lookup and that draft model). Lossless: greedy output is unchanged and
+    sampling keeps the model's distribution."""
     return Model(load_model(resolve_model(model), memory_budget=memory_budget, threads=threads, engine=engine,
                             context_length=context_length, strategy=strategy, activations=activations,
                             kv_cache=kv_cache, sparsity=sparsity, window=window, head_shortlist=head_shortlist,

@@ -309,14 +309,17 @@ def speculative() -> list[str]:
             for prompts in unique(r["config"].split(", ")[0] for r in pick(rs, model=model)
                                   if "," in r["config"]):
                 speed, acc = [], []
-                for drafter in ("lookup", "self", "auto"):
+                for drafter in ("lookup", "self", "draft", "auto"):
                     q = dict(model=model, config=f"{prompts}, {drafter}")
                     s, a = one(rs, metric="speedup", **q), one(rs, metric="mean_accepted_per_pass", **q)
-                    speed.append(fmt(s and s["value"], 2, "x"))
+                    cell = fmt(s and s["value"], 2, "x")
+                    if s and s.get("low") is not None:  # runs that record the worst prompt
+                        cell += f" (worst {s['low']:.2f}x)"
+                    speed.append(cell)
                     acc.append(fmt(a and a["value"], 2))
                 rows.append([budget, model, prompts] + speed + [" / ".join(acc)])
-    out = md_table(["budget", "model", "prompts", "lookup", "self", "auto",
-                    "mean accepted per pass (lookup / self / auto)"], rows)
+    out = md_table(["budget", "model", "prompts", "lookup", "self", "draft", "auto",
+                    "mean accepted per pass (lookup / self / draft / auto)"], rows)
     return out + ["", "Commands (date measured):"] + commands
 
 

@@ -90,20 +90,23 @@ void attn_chunk(const AttnChunk& a) {
     for (int64_t j = 0; j < c; ++j) mx = sr[j] > mx ? sr[j] : mx;
     if (mx == ninf) continue;
     const float corr = a.m[r] == ninf ? 0.0f : std::exp(a.m[r] - mx);
-    float32x4_t sum = vdupq_n_f32(0.0f);
     int64_t j = 0;
     for (; j + 4 <= c; j += 4) {
       const float32x4_t v = vld1q_f32(sr + j);
       const float32x4_t pz = vbslq_f32(vceqq_f32(v, vdupq_n_f32(ninf)), vdupq_n_f32(0.0f), exp4(vsubq_f32(v, vdupq_n_f32(mx))));
       vst1q_f32(sr + j, pz);
-      sum = vaddq_f32(sum, pz);
     }
-    float tail = 0.0f;
-    for (; j < c; ++j) {
-      sr[j] = sr[j] == ninf ? 0.0f : std::exp(sr[j] - mx);
-      tail += sr[j];
+    if (j < c) {  // the last slots of a cache whose capacity is not a multiple of 4: the same exp4
+      float t[4];
+      for (int64_t k = 0; k < 4; ++k) t[k] = j + k < c ? sr[j + k] : ninf;
+      const float32x4_t v = vld1q_f32(t);
+      vst1q_f32(t, vbslq_f32(vceqq_f32(v, vdupq_n_f32(ninf)), vdupq_n_f32(0.0f), exp4(vsubq_f32(v, vdupq_n_f32(mx)))));
+      for (int64_t k = 0; j + k < c; ++k) sr[j + k] = t[k];
     }
-    a.l[r] = a.l[r] * corr + vaddvq_f32(sum) + tail;
+    // one slot after another, so the sum depends on the keys seen, not on the slots between them
+    float sum = 0.0f;
+    for (j = 0; j < c; ++j) sum += sr[j];
+    a.l[r] = a.l[r] * corr + sum;
     a.m[r] = mx;
     if (corr != 1.0f) {
       float* acc = a.acc + r * hd;

@@ -107,21 +107,26 @@ void attn_chunk(const AttnChunk& a) {
     if (mx == ninf) continue;
     const float corr = a.m[r] == ninf ? 0.0f : std::exp(a.m[r] - mx);
     const __m256 mv = _mm256_set1_ps(mx);
-    __m256 sum = _mm256_setzero_ps();
     int64_t j = 0;
     for (; j + 8 <= c; j += 8) {
       const __m256 v = _mm256_loadu_ps(sr + j);
       // exp8 clamps its input, so hidden (-inf) scores are zeroed explicitly
       const __m256 pz = _mm256_andnot_ps(_mm256_cmp_ps(v, _mm256_set1_ps(ninf), _CMP_EQ_OQ), exp8(_mm256_sub_ps(v, mv)));
       _mm256_storeu_ps(sr + j, pz);
-      sum = _mm256_add_ps(sum, pz);
     }
-    float tail = 0.0f;
-    for (; j < c; ++j) {
-      sr[j] = sr[j] == ninf ? 0.0f : std::exp(sr[j] - mx);
-      tail += sr[j];
+    if (j < c) {  // the last slots of a cache whose capacity is not a multiple of 8: the same exp8
+      alignas(32) float t[8];
+      for (int64_t k = 0; k < 8; ++k) t[k] = j + k < c ? sr[j + k] : ninf;
+      const __m256 v = _mm256_load_ps(t);
+      _mm256_store_ps(t, _mm256_andnot_ps(_mm256_cmp_ps(v, _mm256_set1_ps(ninf), _CMP_EQ_OQ), exp8(_mm256_sub_ps(v, mv))));
+      for (int64_t k = 0; j + k < c; ++k) sr[j + k] = t[k];
     }
-    a.l[r] = a.l[r] * corr + hsum(sum) + tail;
+    // Summed one slot after another (hidden slots add an exact 0): a query's sum then depends on the
+    // keys it sees, not on the slots between them (a tree's ancestors are not adjacent; in plain
+    // decoding they are), whereas 8 lanes would group the keys by slot.
+    float sum = 0.0f;
+    for (j = 0; j < c; ++j) sum += sr[j];
+    a.l[r] = a.l[r] * corr + sum;
     a.m[r] = mx;
     if (corr != 1.0f) {
       const __m256 cv = _mm256_set1_ps(corr);

@@ -1,96 +1,266 @@
-"""How much to speculate each step: the tree size and draft depth with the best expected tokens
-per second, or a plain single-token step when no tree pays.
+"""How much to speculate each step: which drafted nodes to verify, whether a draft model should
+draft one more token, or a plain single-token step when no tree pays.
 
-Two things are measured apart, because they change at different speeds:
-- cost: seconds per verification pass for each size of tree, and per plain step. A property of
-  the machine and the budget: when weights stream from flash a 16-node pass costs about what a
-  plain step costs; in memory a pass costs more the more nodes it has.
-- reach: for each depth d, how often a pass accepts at least d drafted tokens. A property of the
-  text, which can turn in one token (an answer starts repeating a passage, or leaves it).
+Two kinds of facts are measured apart, because they change at different speeds:
+- cost (CostModel): seconds per plain step, per verification pass of w nodes and per draft-model
+  forward. A property of the machine, the model and the budget: in memory a pass costs more the
+  more nodes it has (each node is a row of every matrix product); when weights stream from flash a
+  16-node pass costs about what a plain step costs. Kept across generations.
+- acceptance (Acceptance): how likely the target accepts a drafted node, by drafter and by what the
+  drafter knew of it (a draft model's probability of the token; a lookup's depth in its chain).
+  Draft-model probabilities are calibrated by counting; lookup rates follow the text within a few
+  passes, since an answer can start or stop copying its prompt in one token.
 
-One averaged rate per tree size would mix the two, so one bad stretch would leave every size's
-estimate stale and speculation off long after the text began to repeat. Here one good pass
-raises the reach of every size at once, and while speculation does not pay the controller
-drafts again (a probe, whatever the estimates say: only a pass can raise them) after a pause that
-doubles from one step up to MAX_PAUSE and resets as soon as a pass pays.
+From these, a node's chance of being on the accepted path is the product of its ancestors'
+acceptance, and the expected tokens of a tree are 1 + the sum of its nodes' chances. The
+controller verifies the subtree (the most likely nodes, parents first) with the best expected
+tokens per second, or takes a plain step when none beats one token per plain step; a draft model
+drafts one more token while that token's expected worth exceeds its forward and its node's share
+of the pass. A guard compares what passes actually yield with plain decoding and pauses
+speculation (plain steps, then a probe after a pause that doubles up to MAX_PAUSE) when they
+lose, so a misestimate is never run for long.
 """
 
 from __future__ import annotations
 
-TREE_SIZES = (4, 8, 16)  # nodes per verification, root included
-SHALLOW_DEPTH = 8  # deepest draft while the whole of one this deep is not usually accepted
-MAX_PAUSE = 8  # longest run of plain steps between probes while speculation does not pay
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+
+SMOOTHING = 0.25  # weight of the newest measurement in the running averages of costs
+PRIOR_SLOPE = 0.15  # before any pass is measured: each node adds this share of a plain step
 REMEASURE_PLAIN = 32  # a plain step now and then keeps the plain cost current
-PRIOR_REACH = 0.5  # before any pass, half of the drafted tokens are expected to be accepted
-SMOOTHING = 0.3  # weight of the newest measurement in the running averages
+GUARD_PASSES = 8  # passes whose realized tokens per second are compared with plain decoding
+MAX_PAUSE = 24  # longest run of plain steps between probes while speculation does not pay
+PROBE_EVERY = 16  # a draft model that has not drafted for this many steps drafts once (costs change)
+MARGIN = 1.02  # a tree must promise this much more than a plain step, against measurement noise
+RUNNER_UP = "+runner-up"  # suffix of the origin of a draft model's second choice (calibrated apart)
 
 
-def _average(old: float | None, new: float) -> float:
-    return new if old is None else (1 - SMOOTHING) * old + SMOOTHING * new
+def _average(old: float | None, new: float, weight: float = SMOOTHING) -> float:
+    return new if old is None else (1 - weight) * old + weight * new
+
+
+class CostModel:
+    """Seconds per plain step, per verification pass of each width, and per draft forward."""
+
+    def __init__(self) -> None:
+        self.plain: float | None = None
+        self.verify: dict[int, float] = {}
+        self.draft: dict[str, float] = {}
+
+    def record_plain(self, seconds: float) -> None:
+        self.plain = _average(self.plain, seconds)
+
+    def record_verify(self, width: int, seconds: float) -> None:
+        self.verify[width] = _average(self.verify.get(width), seconds)
+
+    def record_draft(self, drafter: str, seconds: float) -> None:
+        self.draft[drafter] = _average(self.draft.get(drafter), seconds)
+
+    def pass_cost(self, width: int) -> float:
+        """Seconds for a pass of `width` nodes: measured, interpolated between measured widths, or
+        extrapolated along the least-squares slope of what is measured (before that, a prior)."""
+        plain = self.plain or 1.0
+        if width <= 1:
+            return plain
+        if width in self.verify:
+            return self.verify[width]
+        ws = [1] + sorted(self.verify)
+        vs = [plain] + [self.verify[w] for w in ws[1:]]
+        if len(ws) == 1:
+            return plain * (1 + PRIOR_SLOPE * (width - 1))
+        if width < ws[-1]:
+            return float(np.interp(width, ws, vs))
+        x, y = np.asarray(ws, dtype=float), np.asarray(vs, dtype=float)
+        slope = max(0.0, float(np.polyfit(x, y, 1)[0])) if len(ws) > 2 else max(0.0, (vs[-1] - vs[0]) / (ws[-1] - 1))
+        return vs[-1] + slope * (width - ws[-1])
+
+
+class Acceptance:
+    """P(the target accepts a drafted node | its parent was accepted), by drafter and evidence."""
+
+    BINS = 10  # draft-model probability bins
+    COUNT_CAP = 200.0  # a model bin's counts are halved beyond this, so it keeps adapting
+    LOOKUP_PRIOR = 0.5
+    LOOKUP_SLOTS = 6
+    LOOKUP_WEIGHT = 0.3  # lookup rates follow the text: the newest outcome weighs this much
+    DRIFT = 0.01  # per step without a test, estimates drift back toward their prior (so they get tested)
+
+    def __init__(self) -> None:
+        self.model: dict[str, np.ndarray] = {}  # drafter -> [BINS, 2] (accepted, tested) with a prior
+        # lookup: a chain's first token by the length of the n-gram it followed (0-4), then any later
+        # token (5): text that repeats itself makes the later ones likely as soon as the first is,
+        # so one good pass raises the reach of every depth
+        self.lookup = np.full(self.LOOKUP_SLOTS, self.LOOKUP_PRIOR)
+        self.model_recent: dict[str, float] = {}  # drafter -> recent acceptance of its nodes
+
+    def _table(self, origin: str) -> np.ndarray:
+        if origin not in self.model:
+            centers = (np.arange(self.BINS) + 0.5) / self.BINS
+            self.model[origin] = np.stack([2 * centers, np.full(self.BINS, 2.0)], axis=1)  # the identity, lightly
+        return self.model[origin]
+
+    def estimate(self, origin: str, score: float, depth: int) -> float:
+        if origin == "lookup":
+            return float(self.lookup[self._lookup_slot(score, depth)])
+        table = self._table(origin)
+        b = min(self.BINS - 1, int(score * self.BINS))
+        return float(table[b, 0] / table[b, 1])
+
+    def _lookup_slot(self, score: float, depth: int) -> int:
+        return self.LOOKUP_SLOTS - 1 if depth > 1 else min(self.LOOKUP_SLOTS - 2, max(0, int(score)))
+
+    def recent(self, origin: str) -> float:
+        """How often this drafter's nodes were accepted lately (before any: 0.5)."""
+        return self.model_recent.get(origin, 0.5)
+
+    def record(self, origin: str, score: float, depth: int, accepted: bool) -> None:
+        if origin == "lookup":
+            d = self._lookup_slot(score, depth)
+            self.lookup[d] = _average(self.lookup[d], float(accepted), self.LOOKUP_WEIGHT)
+            return
+        table = self._table(origin)
+        b = min(self.BINS - 1, int(score * self.BINS))
+        table[b] += (float(accepted), 1.0)
+        if table[b, 1] > self.COUNT_CAP:
+            table[b] *= 0.5
+        if not origin.endswith(RUNNER_UP):
+            self.model_recent[origin] = _average(self.model_recent.get(origin), float(accepted), 0.1)
+
+    def drift(self, lookup_tested: bool, drafters_tested: set[str]) -> None:
+        if not lookup_tested:
+            self.lookup += self.DRIFT * (self.LOOKUP_PRIOR - self.lookup)
+        for origin, value in self.model_recent.items():
+            if origin not in drafters_tested:
+                self.model_recent[origin] = value + self.DRIFT * (0.5 - value)
+
+
+@dataclass
+class Selection:
+    nodes: list[int]  # tree node indices to verify, root first, parents before children
+    expected_tokens: float
+    seconds: float  # the estimated cost of the pass
+
+
+@dataclass
+class Guard:
+    """Realized tokens and seconds of the last passes, against plain decoding."""
+
+    passes: list[tuple[int, float]] = field(default_factory=list)
+    pause: int = 0
+    backoff: int = 1
+
+    def record(self, tokens: int, seconds: float, plain: float | None) -> None:
+        self.passes = (self.passes + [(tokens, seconds)])[-GUARD_PASSES:]
+        if plain is None or len(self.passes) < GUARD_PASSES // 2:
+            return
+        tokens_total = sum(t for t, _ in self.passes)
+        seconds_total = sum(s for _, s in self.passes)
+        if tokens_total / seconds_total < 1.0 / plain:  # speculation lost to plain decoding lately
+            self.pause, self.passes = self.backoff, []
+            self.backoff = min(2 * self.backoff, MAX_PAUSE)
+        elif tokens_total / seconds_total > MARGIN / plain:
+            self.backoff = 1
 
 
 class Controller:
-    def __init__(self, max_nodes: int):
-        self.sizes = [s for s in TREE_SIZES if s <= max_nodes] or [max(2, max_nodes)]
-        self.cost: dict[int, float] = {}  # tree size bucket -> seconds per pass, drafting included
-        self.plain_cost: float | None = None
-        self.reach = [1.0] + [PRIOR_REACH] * (self.sizes[-1] - 1)  # reach[d]: P(accepted >= d)
+    def __init__(self, max_nodes: int, costs: CostModel, acceptance: Acceptance):
+        self.max_nodes = max(2, max_nodes)
+        self.costs, self.acceptance = costs, acceptance
+        self.guard = Guard()
         self.steps = 0
-        self.pause = 0
-        self.backoff = 1
-        self.probe_due = False  # after a pause: draft once more whatever the estimates say
+        self.last_draft: dict[str, int] = {}  # drafter -> step it last drafted
 
-    def choose(self) -> tuple[int, int] | None:
-        """(nodes, depth) for the drafter, or None for a plain step."""
+    # -- before drafting -------------------------------------------------------------------------
+
+    def plain_now(self) -> bool:
+        """Whether this step is a plain one whatever is drafted: no plain cost yet, time to measure
+        it again, or a pause after speculation lost."""
         self.steps += 1
-        if self.plain_cost is None or self.steps % REMEASURE_PLAIN == 0:
+        if self.costs.plain is None or self.steps % REMEASURE_PLAIN == 0:
+            return True
+        if self.guard.pause > 0:
+            self.guard.pause -= 1
+            return True
+        return False
+
+    def draft_more(self, origin: str, reach: float, width: int, first: bool = False) -> bool:
+        """Whether a draft model should run one more forward for a token under a node reached with
+        probability `reach`, the tree already holding `width` nodes worth verifying. `first`: the
+        draft's first token this step (a drafter idle for PROBE_EVERY steps drafts it anyway)."""
+        if width >= self.max_nodes:
+            return False
+        if first and self.steps - self.last_draft.get(origin, self.steps) >= PROBE_EVERY:
+            self.last_draft[origin] = self.steps
+            return True
+        plain = self.costs.plain or 1.0
+        draft = self.costs.draft.get(origin, 0.0)
+        worth = reach * self.acceptance.recent(origin) * plain
+        extra = self.costs.pass_cost(width + 1) - self.costs.pass_cost(width)
+        if worth > draft + extra:
+            self.last_draft[origin] = self.steps
+            return True
+        self.last_draft.setdefault(origin, self.steps)
+        return False
+
+    # -- choosing the tree -----------------------------------------------------------------------
+
+    def reach(self, tree, node: int, memo: dict[int, float]) -> float:
+        """P(node is on the accepted path), from the acceptance estimates of it and its ancestors."""
+        if node == 0:
+            return 1.0
+        if node not in memo:
+            q = self.acceptance.estimate(tree.origins[node], tree.scores[node], tree.depth[node])
+            memo[node] = self.reach(tree, tree.parents[node], memo) * q
+        return memo[node]
+
+    def worth_verifying(self, tree, memo: dict[int, float] | None = None) -> int:
+        """How many nodes (the root included) of `tree` the best subtree would have."""
+        selection = self.select(tree, memo)
+        return len(selection.nodes) if selection else 1
+
+    def select(self, tree, memo: dict[int, float] | None = None, limit: int | None = None) -> Selection | None:
+        """The subtree with the best expected tokens per second, or None when a plain step is better."""
+        memo = {} if memo is None else memo
+        limit = min(self.max_nodes, limit or self.max_nodes)
+        ranked = sorted(range(1, tree.size), key=lambda i: (-self.reach(tree, i, memo), i))
+        best_k, best_rate, total = 0, MARGIN / (self.costs.plain or 1.0), 1.0
+        best_total = 1.0
+        for k, node in enumerate(ranked[:limit - 1], start=1):
+            total += memo[node]
+            rate = total / self.costs.pass_cost(k + 1)
+            if rate > best_rate:
+                best_k, best_rate, best_total = k, rate, total
+        if best_k == 0:
             return None
-        if self.pause > 0:
-            self.pause -= 1
-            self.probe_due = self.pause == 0
-            return None
-        best = max(self.sizes, key=self.rate)
-        if not self.probe_due and best in self.cost and self.rate(best) < 1.0 / self.plain_cost:
-            self.pause = self.backoff
-            self.backoff = min(2 * self.backoff, MAX_PAUSE)
-            return None
-        return best, self.depth(best)
+        nodes = [0] + sorted(ranked[:best_k])
+        return Selection(nodes, best_total, self.costs.pass_cost(best_k + 1))
 
-    def depth(self, size: int) -> int:
-        """Shallow drafts leave nodes for other branches; go deeper only while whole shallow
-        drafts are being accepted (text that repeats itself)."""
-        shallow = min(size - 1, SHALLOW_DEPTH)
-        return size - 1 if self.reach[shallow] > 0.5 else shallow  # not on the prior alone
-
-    def expected_tokens(self, size: int) -> float:
-        """Tokens a pass is expected to yield: the bonus token plus every depth the draft reaches."""
-        total, bound = 1.0, 1.0
-        for d in range(1, self.depth(size) + 1):
-            bound = min(bound, self.reach[d])  # accepting d tokens needs accepting d - 1 first
-            total += bound
-        return total
-
-    def rate(self, size: int) -> float:
-        """Expected tokens per second for trees of `size`; a size not yet measured is costed like
-        the largest measured one below it, so it gets tried."""
-        cost = self.cost.get(size)
-        if cost is None:
-            below = [self.cost[s] for s in self.sizes if s < size and s in self.cost]
-            cost = max(below) if below else (self.plain_cost or 1.0)
-        return self.expected_tokens(size) / max(cost, 1e-9)
-
-    def bucket(self, nodes: int) -> int:
-        return next((s for s in self.sizes if nodes <= s), self.sizes[-1])
-
-    def record(self, nodes: int, depth: int, tokens: int, seconds: float) -> None:
-        """One verified pass: a tree of `nodes` nodes, `depth` deep, yielded `tokens` tokens."""
-        self.probe_due = False
-        size = self.bucket(nodes)
-        self.cost[size] = _average(self.cost.get(size), seconds)
-        for d in range(1, min(depth, len(self.reach) - 1) + 1):
-            self.reach[d] = _average(self.reach[d], 1.0 if tokens - 1 >= d else 0.0)
-        if self.plain_cost is not None and tokens / max(seconds, 1e-9) >= 1.0 / self.plain_cost:
-            self.backoff = 1
+    # -- after a pass ----------------------------------------------------------------------------
 
     def record_plain(self, seconds: float) -> None:
-        self.plain_cost = _average(self.plain_cost, seconds)
+        self.costs.record_plain(seconds)
+        self.acceptance.drift(False, set())  # nothing was tested this step
+
+    def record_pass(self, tree, path: list[int], verify_s: float, total_s: float) -> None:
+        """A verified tree (`path`: the accepted nodes, root first): costs, and every node the
+        target tested (a child of an accepted node) as accepted or not."""
+        self.costs.record_verify(tree.size, verify_s)
+        on_path = set(path)
+        tested_lookup, tested_models = False, set()
+        for node in range(1, tree.size):
+            if tree.parents[node] in on_path:
+                origin = tree.origins[node]
+                self.acceptance.record(origin, tree.scores[node], tree.depth[node], node in on_path)
+                if origin == "lookup":
+                    tested_lookup = True
+                else:
+                    tested_models.add(origin)
+        self.acceptance.drift(tested_lookup, tested_models)
+        self.guard.record(len(path), total_s, self.costs.plain)
+
+
+def now() -> float:
+    return time.perf_counter()

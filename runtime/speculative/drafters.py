@@ -1,28 +1,21 @@
-"""Drafters: cheap guesses of what the target will say next, as a token tree.
+"""Drafters: cheap guesses of what the target will say next, added to a token tree.
 
 - LookupDrafter: no weights. The context's own n-grams: where the last few tokens occurred
   before, what followed (several earlier occurrences become several branches).
-- EngineDrafter: a smaller engine run greedily for a few tokens - either a separate draft model
-  with the same tokenizer, or the target's own first layers with a reduced-vocabulary head
-  (self-drafting: no extra weights, only its KV cache and the head rows).
+- ModelDrafter: a smaller engine run greedily, token by token, while the controller finds the
+  next token worth its forward: a separate draft model with the same tokenizer (draft_model.py),
+  or the target's own first layers (self_draft.py). Both compute a head over a shortlist of tokens
+  (draft_head.py). Each drafted token's runner-up is offered too, as a leaf the controller may
+  verify when passes are cheap.
+- Drafters: the set a decoder drafts with (`auto`: lookup and a draft model).
 """
 
 from __future__ import annotations
 
-from typing import Any, Protocol
+from typing import Any
 
-import numpy as np
+from edgeflash.runtime.speculative.controller import RUNNER_UP, Acceptance, Controller, CostModel, now
 from edgeflash.runtime.speculative.tree import DraftTree
-
-
-class Drafter(Protocol):
-    name: str
-
-    def propose(self, history: list[int], max_nodes: int, max_depth: int) -> DraftTree:
-        """A tree whose root is history[-1] (the token just decided)."""
-        ...
-
-    def memory_bytes(self) -> int: ...
 
 
 class LookupDrafter:
@@ -51,8 +44,12 @@ class LookupDrafter:
 
     def propose(self, history: list[int], max_nodes: int, max_depth: int) -> DraftTree:
         tree = DraftTree.root(history[-1])
+        self.extend(tree, history, max_nodes, max_depth)
+        return tree
+
+    def extend(self, tree: DraftTree, history: list[int], max_nodes: int, max_depth: int) -> None:
         if len(history) < self.min_ngram + 1:
-            return tree
+            return
         self._update(history)
         used = 0
         for n in range(self.max_ngram, self.min_ngram - 1, -1):
@@ -63,13 +60,12 @@ class LookupDrafter:
                 continuation = history[start:start + max_depth]
                 if continuation:
                     before = tree.size
-                    tree.add_chain(0, continuation, max_nodes)
+                    tree.add_chain(0, continuation, max_nodes, "lookup", [float(n)] * len(continuation))
                     used += tree.size > before
                 if used >= self.branches or tree.size >= max_nodes:
-                    return tree
-            if tree.size > 1:
-                return tree  # longer matches are better evidence than shorter ones
-        return tree
+                    return
+            if used:
+                return  # longer matches are better evidence than shorter ones
 
     def memory_bytes(self) -> int:
         return lookup_index_bytes(len(self._index), len(self._seen))
@@ -85,82 +81,98 @@ def lookup_index_bytes(entries: int, tokens: int) -> int:
     return INDEX_ENTRY_BYTES * entries + SEEN_TOKEN_BYTES * tokens
 
 
-class EngineDrafter:
-    """Greedy chains from a draft engine whose KV cache follows the committed context."""
+class ModelDrafter:
+    """Greedy chains from a draft engine whose KV cache follows the committed context. `head`
+    (draft_head.DraftHead) holds the shortlist the engine's head computes.
 
-    def __init__(self, engine: Any, name: str):
-        self.engine, self.name = engine, name
+    The draft engine sees the context's first SINK tokens and, from where it joined, the rest: on a
+    long prompt it joins WINDOW tokens before the end, so catching up costs at most that many draft
+    tokens (a 300-token passage would cost the 0.5B draft model as much as several target steps).
+    Its positions are then closer together than the target's, which changes no relative distance
+    inside the window."""
 
-    def propose(self, history: list[int], max_nodes: int, max_depth: int) -> DraftTree:
-        tree = DraftTree.root(history[-1])
+    SINK = 4  # the first tokens (chat template, BOS) models attend to from everywhere
+    WINDOW = 192
+
+    def __init__(self, engine: Any, head: Any, name: str):
+        self.engine, self.head, self.name = engine, head, name
+        self._join = 0  # history index from which the draft engine has every token (after the sink)
+
+    def _view(self, history: list[int]) -> list[int]:
+        """The tokens the draft engine holds for this history."""
+        return history[:self.SINK] + history[max(self.SINK, self._join):]
+
+    def _catch_up(self, history: list[int], controller: Controller) -> Any:
+        """Bring the draft cache up to history[-1]: logits of the token after it."""
         e = self.engine
+        view = self._view(history)
         common = 0
-        for a, b in zip(e.tokens, history):
+        for a, b in zip(e.tokens, view):
             if a != b:
                 break
             common += 1
-        e.truncate(min(common, len(history) - 1))
-        kept = len(e.tokens)
-        steps = min(max_depth, max_nodes - 1, e.context_length - len(history) - 1)
-        if steps <= 0:
-            return tree
-        logits = e.forward(history[kept:])[-1]
-        chain = []
-        for i in range(steps):
-            t = int(np.argmax(logits))
-            chain.append(t)
-            if i + 1 < steps:
-                logits = e.forward([t])[-1]
-        tree.add_chain(0, chain, max_nodes)
-        return tree
+        if common < min(len(view), self.SINK + 1) or len(view) - common > self.WINDOW:
+            # a new context (or a long stretch without drafting): join it afresh near its end
+            self._join = max(self.SINK, len(history) - self.WINDOW)
+            view, common = self._view(history), 0
+        e.truncate(min(common, len(view) - 1))
+        tail = view[len(e.tokens):]
+        if self.head.add(tail):  # the context's tokens join the shortlist before they are needed
+            self.head.install(e._engine)
+        t0 = now()
+        logits = e.forward(tail)[-1]
+        if len(tail) <= 2:  # a drafting step; a longer catch-up is not what a draft token costs
+            controller.costs.record_draft(self.name, now() - t0)
+        return logits
 
-    def memory_bytes(self) -> int:
-        stats = self.engine.stats()
-        return sum(int(stats.get(k, 0)) for k in ("kv_cache_bytes", "activation_bytes", "head_shortlist_bytes"))
-
-
-class CombinedDrafter:
-    """`auto`: the lookup drafter when the context repeats itself, else the engine drafter while
-    its drafts are accepted often enough to pay for drafting them (checked again now and then)."""
-
-    name = "auto"
-    MIN_ACCEPTED = 1.0  # drafted tokens accepted per pass below which the fallback costs more than it saves
-    TRIAL_PASSES = 4  # fallback passes measured before it is judged
-    RETRY_EVERY = 48  # proposals between trials of a benched fallback
-
-    def __init__(self, lookup: LookupDrafter, fallback: EngineDrafter | None):
-        self.lookup, self.fallback = lookup, fallback
-        self.last = "lookup"
-        self._accepted: float | None = None  # fallback's accepted tokens per pass (running average)
-        self._trials = 0
-        self._benched_at: int | None = None
-        self._proposals = 0
-
-    def propose(self, history: list[int], max_nodes: int, max_depth: int) -> DraftTree:
-        self._proposals += 1
-        tree = self.lookup.propose(history, max_nodes, max_depth)
-        self.last = "lookup"
-        if tree.size > 1 or self.fallback is None or not self._fallback_pays():
-            return tree  # a tree of one node: the decoder takes a plain step
-        self.last = self.fallback.name
-        return self.fallback.propose(history, max_nodes, max_depth)
-
-    def feedback(self, name: str, accepted: int) -> None:
-        """The decoder's report of one verified pass."""
-        if name != getattr(self.fallback, "name", None):
+    def extend(self, tree: DraftTree, history: list[int], controller: Controller, max_depth: int) -> None:
+        """Draft under the root while the controller finds the next token worth its forward."""
+        e = self.engine
+        steps = min(max_depth, e.context_length - len(history) - 1)
+        memo: dict[int, float] = {}
+        if steps <= 0 or not controller.draft_more(self.name, 1.0, controller.worth_verifying(tree, memo), first=True):
             return
-        self._trials += 1
-        self._accepted = accepted if self._accepted is None else 0.7 * self._accepted + 0.3 * accepted
-        if self._trials >= self.TRIAL_PASSES and self._accepted < self.MIN_ACCEPTED:
-            self._benched_at = self._proposals
-
-    def _fallback_pays(self) -> bool:
-        if self._benched_at is None:
-            return True
-        if self._proposals - self._benched_at >= self.RETRY_EVERY:  # the text may have changed: try again
-            self._benched_at, self._trials, self._accepted = None, 0, None
-            return True
-        return False
+        node = 0
+        for depth in range(1, steps + 1):
+            if depth == 1:
+                logits = self._catch_up(history, controller)
+            else:
+                t0 = now()
+                logits = e.forward([tree.tokens[node]])[-1]
+                controller.costs.record_draft(self.name, now() - t0)
+            token, p, runner_up, p2 = self.head.best_two(logits)
+            if p2 > 0:  # the runner-up, as a leaf: verified only where passes are cheap
+                tree.add(node, runner_up, self.name + RUNNER_UP, p2)
+            node = tree.add(node, token, self.name, p)
+            memo.clear()
+            reach = controller.reach(tree, node, memo)
+            if depth == steps or tree.size >= controller.max_nodes or \
+                    not controller.draft_more(self.name, reach, controller.worth_verifying(tree, memo)):
+                return
 
     def memory_bytes(self) -> int:
-        return self.lookup.memory_bytes() + (self.fallback.memory_bytes() if self.fallback else 0)
+        return self.engine.weights.memory_bytes(self.engine)  # the draft engine's weight source knows
+
+
+class Drafters:
+    """What a decoder drafts with: lookup first (it costs nothing), then a draft model, if any."""
+
+    def __init__(self, name: str, lookup: LookupDrafter | None, model: ModelDrafter | None):
+        self.name, self.lookup, self.model = name, lookup, model
+        self._state: dict[bool, tuple[CostModel, Acceptance]] = {}
+
+    def state(self, greedy: bool) -> tuple[CostModel, Acceptance]:
+        """What the controller learned with these drafters (costs are the engine's, acceptance the
+        drafters'), kept across generations; greedy and sampled verification apart."""
+        if greedy not in self._state:
+            self._state[greedy] = (CostModel(), Acceptance())
+        return self._state[greedy]
+
+    def extend(self, tree: DraftTree, history: list[int], controller: Controller, max_depth: int) -> None:
+        if self.lookup is not None:
+            self.lookup.extend(tree, history, controller.max_nodes, max_depth)
+        if self.model is not None:
+            self.model.extend(tree, history, controller, max_depth)
+
+    def memory_bytes(self) -> int:
+        return sum(d.memory_bytes() for d in (self.lookup, self.model) if d is not None)

@@ -6,10 +6,13 @@ from __future__ import annotations
 
 import dataclasses
 from types import SimpleNamespace
+from typing import Any
 
 import numpy as np
 from edgeflash.base.errors import UserError
 from edgeflash.runtime.native_engine import NativeEngine, ResidentWeights
+from edgeflash.runtime.speculative.draft_head import DraftHead
+from edgeflash.runtime.speculative.drafters import ModelDrafter
 
 DEFAULT_SHORTLIST = 8192
 SELF_DRAFT_MAX_BATCH = 16
@@ -30,7 +33,7 @@ class SelfDraftWeights:
     def __init__(self, target: NativeEngine, tensors: dict, layers: int, ids: np.ndarray):
         self.tensors = {n: t for n, t in tensors.items()
                         if n != "output.weight" and (not n.startswith("blk.") or int(n.split(".")[1]) < layers)}
-        self.ids, self.layers = ids, layers
+        self.layers = layers
         # A resident target holds its layers in the engine's own layout (panels): the draft reads
         # those, not the file's rows, which would be resident a second time.
         self.shared = target if isinstance(target.weights, ResidentWeights) else None
@@ -39,10 +42,10 @@ class SelfDraftWeights:
         head = target.source.tensors[head_name]
         budgeted = getattr(target.weights, "read_rows", None)
         if budgeted is not None:  # a budgeted target: direct reads, no memory map
-            self.head_rows = target.weights.read_rows(head_name, ids)
+            read = lambda rows: target.weights.read_rows(head_name, rows)
         else:
-            self.head_rows = np.ascontiguousarray(head.take_rows(ids).raw)  # just these rows
-        self.head_fmt = head.fmt
+            read = lambda rows: np.ascontiguousarray(head.take_rows(rows).raw)
+        self.head = DraftHead(head, read, ids, extra=0)
         self.embedding_plan = target.weights.embedding_plan() if budgeted is not None else None
 
     def install(self, engine: NativeEngine) -> None:
@@ -53,10 +56,15 @@ class SelfDraftWeights:
             engine.set_tensors(self.tensors)  # embedding, layers, final norm
         if "token_embd.weight" not in self.tensors and self.embedding_plan is not None:
             engine._engine.set_streaming(self.embedding_plan)  # the target reads rows on demand
-        engine._engine.set_head_shortlist(self.head_rows, self.head_fmt, self.ids)
+        self.head.install(engine._engine)
 
-    def stats(self, engine: NativeEngine) -> dict:
-        return {"head_shortlist_bytes": self.head_rows.nbytes}
+    def stats(self, engine: NativeEngine) -> dict[str, Any]:
+        return {"head_shortlist_bytes": self.head.rows.nbytes}
+
+    def memory_bytes(self, engine: NativeEngine) -> int:
+        """Head rows, KV cache and work buffers (the layers are the target's)."""
+        stats = engine.stats()
+        return self.head.nbytes + sum(int(stats.get(k, 0)) for k in ("kv_cache_bytes", "activation_bytes"))
 
 
 def self_draft_engine(target: NativeEngine, layers: int, shortlist: int = DEFAULT_SHORTLIST,
@@ -75,3 +83,28 @@ def self_draft_engine(target: NativeEngine, layers: int, shortlist: int = DEFAUL
                           kv_format=target.kv_format)
     engine.name = "self-draft"
     return engine
+
+
+def self_drafter(engine: NativeEngine, layers: int | None = None, shortlist: int | None = None) -> ModelDrafter:
+    """The target's first `layers` (a quarter by default; under a budget, only layers it keeps
+    resident can be shared) with a head over the `shortlist` most frequent tokens."""
+    tensors = getattr(engine.weights, "resident_tensors", None)
+    n = engine.spec.n_layers
+    layers = layers or max(1, n // 4)
+    if tensors is not None:  # a budgeted target: only layers it keeps resident can be shared
+        resident = 0
+        while resident < n and all(name in tensors for name in _layer_matrices(resident, tensors)):
+            resident += 1
+        if resident == 0:
+            raise UserError("self-drafting needs the first layers resident; this budget keeps none")
+        layers = min(layers, resident)
+    draft = self_draft_engine(engine, layers, shortlist or DEFAULT_SHORTLIST, tensors)
+    return ModelDrafter(draft, draft.weights.head, "self")
+
+
+def _layer_matrices(layer: int, tensors: dict) -> list[str]:
+    # a format-3 bundle's FFN is one neuron arena; earlier formats hold three matrices
+    ffn = ("ffn_arena",) if f"blk.{layer}.ffn_arena" in tensors else ("ffn_gate.weight", "ffn_up.weight",
+                                                                       "ffn_down.weight")
+    return [f"blk.{layer}.{n}" for n in ("attn_q.weight", "attn_k.weight", "attn_v.weight", "attn_output.weight",
+                                         *ffn)]

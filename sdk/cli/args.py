@@ -135,7 +135,8 @@ def add_advanced_engine_options(p: argparse.ArgumentParser) -> None:
     adv.add_argument("--speculative", default="none", metavar="KIND",
                      help="speculative decoding, lossless: none, lookup (n-grams of the context), self (the "
                           "model's first layers with a reduced head; bundles), draft:PATH (a smaller model with "
-                          "the same tokenizer) or auto (default: %(default)s)")
+                          "the same tokenizer), auto (lookup and a smaller model with the same tokenizer among "
+                          "the model aliases on this machine) or auto:PATH (default: %(default)s)")
     adv.add_argument("--activations", choices=["q8x2", "q8", "f32"], default="q8x2",
                      help="activation precision against quantized weights: q8x2 agrees with the reference, "
                           "q8 is fastest (default: %(default)s)")

@@ -1,71 +1,160 @@
 """The controller that decides how much to speculate, driven with made-up pass costs and
-acceptance so each regime (flash-bound, compute-bound, text that turns repetitive) is exact."""
+acceptance so each regime (flash-bound, compute-bound, text that turns repetitive, a draft model
+worth or not worth its forwards) is exact."""
 
 from __future__ import annotations
 
-import edgeflash.runtime.speculative.controller as controller_module
-from edgeflash.runtime.speculative.controller import MAX_PAUSE, SHALLOW_DEPTH, Controller
+import itertools
+
+import pytest
+from edgeflash.runtime.speculative.controller import (
+    MAX_PAUSE,
+    PROBE_EVERY,
+    REMEASURE_PLAIN,
+    Acceptance,
+    Controller,
+    CostModel,
+)
+from edgeflash.runtime.speculative.tree import DraftTree
 
 PLAIN = 0.010  # seconds per plain step
 
 
-def drive(controller: Controller, steps: int, accepted, pass_cost) -> list:
-    """Run `steps` decisions; a drafted pass of n nodes yields accepted(step, depth) drafted tokens
-    and costs pass_cost(n). Returns the decisions (None = plain step)."""
-    decisions = []
-    for step in range(steps):
-        choice = controller.choose()
-        decisions.append(choice)
-        if choice is None:
-            controller.record_plain(PLAIN)
-            continue
-        nodes, depth = choice
-        controller.record(nodes, depth, 1 + min(depth, accepted(step, depth)), pass_cost(nodes))
-    return decisions
-
-
-def test_flash_bound_text_that_starts_repeating_gets_the_largest_deep_trees_at_once():
-    c = Controller(max_nodes=16)
-    flash_bound = lambda nodes: PLAIN * 1.05  # a pass reads the same weights a plain step does
-    # 40 steps of free prose: nothing accepted, so the controller pauses and probes.
-    prose = drive(c, 40, lambda step, depth: 0, flash_bound)
-    assert prose.count(None) > 20
-    # Then the answer starts copying its prompt: every draft is accepted in full.
-    copying = drive(c, 30, lambda step, depth: depth, flash_bound)
-    first_pass = next(i for i, d in enumerate(copying) if d is not None)
-    assert first_pass <= MAX_PAUSE + 1  # a probe comes within one pause
-    later = [d for d in copying[first_pass + 4:] if d is not None]
-    # The biggest tree, drafted as deep as it allows, past the shallow depth.
-    assert later and all(d == (16, 15) for d in later) and 15 > SHALLOW_DEPTH
-
-
-def test_compute_bound_passes_that_do_not_pay_are_mostly_skipped():
-    c = Controller(max_nodes=16)
-    compute_bound = lambda nodes: PLAIN * (1 + nodes / 4)  # every node costs compute
-    decisions = drive(c, 200, lambda step, depth: 0, compute_bound)
-    drafted = [d for d in decisions if d is not None]
-    assert len(drafted) < 200 / MAX_PAUSE  # probes only: about one per longest pause
-    assert all(n <= 16 for n, _ in drafted)
-
-
-def test_compute_bound_picks_the_size_with_the_best_rate():
-    c = Controller(max_nodes=16)
-    # Two drafted tokens accepted per pass, whatever the size: small trees pay, big ones cost more.
-    decisions = drive(c, 100, lambda step, depth: 2, lambda nodes: PLAIN * (1 + nodes / 4))
-    settled = [d for d in decisions[20:] if d is not None]
-    assert settled and all(n == 4 for n, _ in settled)
-    assert decisions[20:].count(None) < 10  # it keeps speculating: 3 tokens for 2 steps' cost
-
-
-def test_a_probe_that_finds_nothing_to_draft_stays_due(monkeypatch):
-    monkeypatch.setattr(controller_module, "REMEASURE_PLAIN", 10**9)  # no scheduled plain step in between
-    c = Controller(max_nodes=16)
-    drive(c, 30, lambda step, depth: 0, lambda nodes: PLAIN * 3)  # nothing pays: paused
-    assert c.pause > 0 or c.probe_due
-    while c.pause:
-        assert c.choose() is None
-        c.record_plain(PLAIN)
-    # The probe comes; the drafter has nothing (a plain step, no record): the next step probes again.
-    assert c.choose() is not None
+def costs(pass_cost) -> CostModel:
+    c = CostModel()
     c.record_plain(PLAIN)
-    assert c.choose() is not None
+    for w in range(2, 33):
+        c.verify[w] = pass_cost(w)
+    return c
+
+
+def lookup_chain(tokens) -> DraftTree:
+    tree = DraftTree.root(0)
+    tree.add_chain(0, list(tokens), 64, "lookup")
+    return tree
+
+
+def test_cost_model_interpolates_and_extrapolates_what_it_measured():
+    c = CostModel()
+    c.record_plain(0.010)
+    assert c.pass_cost(5) == pytest.approx(0.010 * (1 + 0.15 * 4))  # the prior, before any pass
+    c.record_verify(2, 0.012)
+    c.record_verify(4, 0.016)
+    assert c.pass_cost(3) == pytest.approx(0.014)
+    assert c.pass_cost(8) == pytest.approx(0.016 + 4 * 0.002, rel=0.05)  # along the measured slope
+    flat = costs(lambda w: PLAIN)
+    assert flat.pass_cost(40) == pytest.approx(PLAIN)
+
+
+def test_selection_is_the_best_rate_and_keeps_parents():
+    """With every estimate known, the chosen subtree has the best expected tokens per second of
+    all parent-closed subtrees (checked exhaustively on a small tree)."""
+    c = Controller(16, costs(lambda w: PLAIN * (1 + 0.2 * (w - 1))), Acceptance())
+    tree = DraftTree.root(0)
+    a = tree.add(0, 1, "draft", 0.95)
+    b = tree.add(a, 2, "draft", 0.9)
+    tree.add(b, 3, "draft", 0.35)
+    tree.add(0, 4, "draft+runner-up", 0.05)
+    tree.add(a, 5, "draft+runner-up", 0.08)
+    memo: dict[int, float] = {}
+    chosen = c.select(tree, memo)
+    best = 1 / PLAIN
+    for k in range(1, tree.size):
+        for nodes in itertools.combinations(range(1, tree.size), k):
+            if all(tree.parents[n] == 0 or tree.parents[n] in nodes for n in nodes):
+                rate = (1 + sum(c.reach(tree, n, memo) for n in nodes)) / c.costs.pass_cost(k + 1)
+                best = max(best, rate)
+    assert chosen is not None
+    assert chosen.expected_tokens / chosen.seconds == pytest.approx(best)
+    assert all(tree.parents[n] in chosen.nodes for n in chosen.nodes[1:])
+    assert 4 not in chosen.nodes and 5 not in chosen.nodes  # unlikely leaves are not worth a row
+
+
+def test_flash_bound_passes_take_wide_trees_and_compute_bound_ones_narrow():
+    tree = DraftTree.root(0)
+    node = 0
+    for t in range(1, 9):
+        tree.add(node, 100 + t, "draft+runner-up", 0.25)  # a runner-up at every depth
+        node = tree.add(node, t, "draft", 0.7)
+    flash = Controller(32, costs(lambda w: PLAIN * 1.05), Acceptance()).select(tree)
+    compute = Controller(32, costs(lambda w: PLAIN * (1 + 0.3 * (w - 1))), Acceptance()).select(tree)
+    assert flash is not None and compute is not None
+    assert len(flash.nodes) == tree.size  # reading the weights once dominates: verify everything
+    assert len(compute.nodes) <= 4 and all(tree.origins[n] != "draft+runner-up" for n in compute.nodes[1:])
+
+
+def test_text_that_is_never_accepted_gets_plain_steps():
+    c = Controller(16, costs(lambda w: PLAIN * (1 + 0.1 * (w - 1))), Acceptance())
+    verified = 0
+    for step in range(200):
+        if c.plain_now():
+            c.record_plain(PLAIN)
+            continue
+        tree = lookup_chain(range(1, 9))
+        selection = c.select(tree)
+        if selection is None:
+            c.record_plain(PLAIN)
+            continue
+        verified += 1
+        small = tree.keep(selection.nodes)
+        c.record_pass(small, [0], c.costs.pass_cost(small.size), c.costs.pass_cost(small.size))
+    assert verified < 200 / 8  # now and then only: estimates drift back and get tested again
+    assert verified > 2
+
+
+def test_text_that_starts_repeating_is_drafted_for_within_a_few_steps():
+    c = Controller(16, costs(lambda w: PLAIN * (1 + 0.05 * (w - 1))), Acceptance())
+    for _ in range(60):  # prose: lookup never right
+        if not c.plain_now() and (s := c.select(lookup_chain(range(1, 9)))) is not None:
+            t = lookup_chain(range(1, 9)).keep(s.nodes)
+            c.record_pass(t, [0], PLAIN, PLAIN)
+        else:
+            c.record_plain(PLAIN)
+    first_full = None
+    for step in range(40):  # now the answer copies its prompt: every lookup token is right
+        if c.plain_now():
+            c.record_plain(PLAIN)
+            continue
+        s = c.select(lookup_chain(range(1, 16)))
+        if s is None:
+            c.record_plain(PLAIN)
+            continue
+        t = lookup_chain(range(1, 16)).keep(s.nodes)
+        c.record_pass(t, list(range(t.size)), PLAIN, PLAIN)
+        if t.size == 16 and first_full is None:
+            first_full = step
+    assert first_full is not None and first_full <= MAX_PAUSE + 8
+
+
+def test_draft_model_drafts_deep_only_while_its_tokens_are_worth_a_forward():
+    cheap = Controller(16, costs(lambda w: PLAIN * (1 + 0.1 * (w - 1))), Acceptance())
+    cheap.costs.record_draft("draft", 0.1 * PLAIN)
+    for _ in range(50):
+        cheap.acceptance.record("draft", 0.95, 1, True)  # its tokens are usually right
+    cheap.steps = 1
+    assert cheap.draft_more("draft", 1.0, 1, first=True)
+    assert cheap.draft_more("draft", 0.8, 3)
+    assert not cheap.draft_more("draft", 0.1, 3)  # a token this unlikely is not worth a forward
+    dear = Controller(16, costs(lambda w: PLAIN * (1 + 0.1 * (w - 1))), Acceptance())
+    dear.costs.record_draft("draft", PLAIN)  # a draft forward costs what a target step costs
+    for _ in range(50):
+        dear.acceptance.record("draft", 0.95, 1, True)
+    decisions = []
+    for _ in range(4 * PROBE_EVERY):
+        if dear.plain_now():
+            continue
+        decisions.append(dear.draft_more("draft", 1.0, 1, first=True))
+    assert 0 < sum(decisions) <= 4  # only the probes that keep its cost current
+
+
+def test_guard_pauses_speculation_that_loses_to_plain_decoding():
+    c = Controller(16, costs(lambda w: PLAIN), Acceptance())
+    c.plain_now()
+    for _ in range(8):  # passes that promised much but yielded one token for two steps' time
+        c.guard.record(1, 2 * PLAIN, c.costs.plain)
+    assert c.guard.pause > 0
+    paused = 0
+    while c.plain_now():
+        paused += 1
+    assert 0 < paused <= MAX_PAUSE
+    assert REMEASURE_PLAIN > MAX_PAUSE
