@@ -187,15 +187,17 @@ void attn_chunk(const AttnChunk& a) {
     }
     any_row = true;
     const float corr = a.m[i] == ninf ? 0.0f : std::exp(a.m[i] - mx);
-    __m512 sum = _mm512_setzero_ps();
     for (int64_t j0 = 0; j0 < kSlots; j0 += 16) {
       const __m512 v = _mm512_loadu_ps(sr + j0);
       const __mmask16 live = _mm512_cmp_ps_mask(v, _mm512_set1_ps(ninf), _CMP_NEQ_OQ);
-      const __m512 p = _mm512_maskz_mov_ps(live, exp16(_mm512_sub_ps(v, _mm512_set1_ps(mx))));
-      _mm512_storeu_ps(sr + j0, p);
-      sum = _mm512_add_ps(sum, p);
+      _mm512_storeu_ps(sr + j0, _mm512_maskz_mov_ps(live, exp16(_mm512_sub_ps(v, _mm512_set1_ps(mx)))));
     }
-    a.l[i] = a.l[i] * corr + _mm512_reduce_add_ps(sum);
+    // Summed one slot after another (hidden slots add an exact 0): a query's sum then depends on the
+    // keys it sees, not on the slots between them (a speculative tree's ancestors are not adjacent; in
+    // plain decoding they are), whereas 16 lanes would group the keys by slot.
+    float sum = 0.0f;
+    for (int64_t j = 0; j < c; ++j) sum += sr[j];
+    a.l[i] = a.l[i] * corr + sum;
     a.m[i] = mx;
     if (corr != 1.0f) {
       const __m512 cv = _mm512_set1_ps(corr);
