@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from edgeflash.base.printable import printable
 from edgeflash.runtime.bundle.packed import is_packed
 
 
@@ -90,7 +91,12 @@ def render(manifest: dict[str, Any], blocks: bool = True, tensors: bool = False)
         tf = calib.get("token_frequencies", {})
         lines.append(f"  self-draft vocabulary: top {_length(tf.get('ids', []))} tokens of {tf.get('tokens_counted')} "
                      "counted")
-    lines += [""] + render_report(manifest.get("report", {}), tensors=tensors)
+    try:
+        report = render_report(manifest.get("report") or {}, tensors=tensors)
+    except (KeyError, TypeError, ValueError, AttributeError, IndexError) as e:
+        # The report only informs; a manifest whose report lacks a field still describes its weights.
+        report = [f"quality report: not shown, its fields are malformed ({printable(repr(e))})"]
+    lines += [""] + report
     return "\n".join(lines)
 
 

@@ -281,7 +281,8 @@ def op_arena_entry(m: BundleModel, rng: random.Random) -> BundleMutation | None:
         if choice in ("stride", "n_neurons", "d_model", "offset", "layer"):
             arena[choice] = r.choice([0, arena[choice] + 64, arena[choice] * 2, max(0, arena[choice] - 64)])
         elif choice == "part_format":
-            arena["parts"][r.randrange(3)]["format"] = r.choice(["q8_0", "q4_0", "q5_0", "f16", "q4_k"])
+            part = arena["parts"][r.randrange(3)]  # another format than its own: the same one is no edit
+            part["format"] = r.choice([f for f in ("q8_0", "q4_0", "q5_0", "f16", "q4_k") if f != part["format"]])
         elif choice == "part_offset":
             arena["parts"][r.randrange(3)]["offset"] += r.choice([-64, 64, 1])
         else:
