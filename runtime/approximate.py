@@ -213,7 +213,8 @@ class ApproximateMode:
                                     "its neurons; the bundle is corrupted")
                 spec_.file_slot_of_neuron = np.argsort(order).astype(np.int32).tolist()  # neuron -> arena slot
                 spec_.pred_threshold = float(cal["predictors"]["threshold"][layer]) * scale
-                spec_.gate_threshold = float(cal["sparsity"]["gate_threshold"][layer][self.level])
+                # CATS: the kernel skips a neuron whose |act(gate . x)| is under the level's threshold
+                spec_.act_threshold = float(act[self.level])
                 spec_.down_fmt = next(p.fmt for p in arena.parts if p.name == "down")
                 layers.append(spec_)
             parts = {p.name: p.fmt for p in self._arena(0).parts}

@@ -170,7 +170,7 @@ void NeuronCacheFfn::compute(int64_t layer, const LayerWeights& w, const float* 
   evict_stale(c);
   std::fill(out, out + n * d_model_, 0.0f);
   if (active_.empty()) return;
-  thresholds_.assign(static_cast<size_t>(n), s.gate_threshold);
+  thresholds_.assign(static_cast<size_t>(n), s.act_threshold);
   // Cached neurons first, so a round that cannot hold every active neuron uses the hits.
   std::stable_partition(active_.begin(), active_.end(), [&](int32_t neuron) { return c.slot_of[neuron] >= 0; });
   // Rounds of at most `capacity` neurons (one round unless the active set outgrows the cache).
@@ -218,7 +218,7 @@ void NeuronCacheFfn::compute(int64_t layer, const LayerWeights& w, const float* 
     arena.down = c.down;
     arena.stride = c.bundle;
     ffn_sparse(arena, x, n, slots_.data(), static_cast<int64_t>(slots_.size()), act_,
-               s.gate_threshold > 0.0f ? thresholds_.data() : nullptr, out, accumulate);
+               s.act_threshold > 0.0f ? thresholds_.data() : nullptr, out, accumulate);
     accumulate = true;
     first = last;
   }

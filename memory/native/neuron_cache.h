@@ -2,7 +2,7 @@
 // token activates; those neurons' bundles (gate row, up row, down column: contiguous in the
 // bundle's arena) are kept in a windowed cache - the union of neurons used by the last k tokens
 // stays, new ones are appended, stale ones leave by swap-with-last - and the sparse kernel
-// computes only them, skipping any whose gate falls under the calibrated threshold.
+// computes only them, skipping any whose activation falls under the calibrated threshold.
 #pragma once
 
 #include <cstdint>
@@ -20,7 +20,7 @@ struct SparseLayerSpec {
   std::vector<int32_t> file_slot_of_neuron;  // neuron id -> arena slot in the file (a permutation)
   int64_t n_neurons() const { return static_cast<int64_t>(file_slot_of_neuron.size()); }
   float pred_threshold = 0.0f;  // neuron predicted active when |act(B A x)| > this
-  float gate_threshold = 0.0f;  // the kernel skips a neuron when |gate . x| < this (0: never)
+  float act_threshold = 0.0f;  // the kernel skips a neuron when |act(gate . x)| < this (0: never)
   bool has_down = false;         // the layer's down columns in `down` rather than the cache's default
   Format down = Format::q8_0;    // (an exporter may give layers different down formats)
 };

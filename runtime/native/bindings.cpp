@@ -166,7 +166,7 @@ class PyEngine {
   // one pass on int8 activations like dense matrices) and its down columns into rows of their own
   // (the column product), slice by slice, the file's pages dropped as they are copied (with
   // `drop_source`), so the arena is never resident twice. The arena itself stays set (its pages
-  // come back only for a run with gate thresholds, which reads neurons through it).
+  // come back only for a run with activation thresholds, which reads neurons through it).
   bool lay_out_arena(int64_t layer, const WeightMatrix& a, bool drop_source) {
     const Format f = a.fmt, fd = engine_->arena_down_format(layer, f);
     const int64_t rows = a.rows, cols = a.cols;
