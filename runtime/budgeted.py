@@ -64,7 +64,7 @@ class BudgetedWeights:
                  fixed_costs: dict[str, int] | None = None, io_threads: int | None = None,
                  chunk_bytes: int | None = None, verify: bool = True, sparsity: float | None = None,
                  window: int = 4, head_shortlist: int | None = None, opening_peak: int = 0,
-                 fallback: bool = True, full_head: bool = True):
+                 fallback: bool = True, full_head: bool = True, neuron_chunk: int = 0):
         """`fixed_costs`: what the loader measured or reserved besides the engine (tokenizer,
         speculation); `opening_peak`: how far RSS rose while the model was opened (tokenizer and
         metadata built, their temporaries freed): the budget must hold that too. `io_threads`,
@@ -74,6 +74,7 @@ class BudgetedWeights:
         self.source, self.spec, self.options = source, source.spec, options
         self.budget, self.strategy, self.verify = budget, strategy, verify
         self.sparsity, self.window, self.head_shortlist = sparsity, window, head_shortlist
+        self.neuron_chunk = neuron_chunk
         self.requested_sparsity, self.fallback, self.ffn_choice = sparsity, fallback, None
         self.layout = layout = source_layout(source)
         mem = engine_memory(self.spec, options)

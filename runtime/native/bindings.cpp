@@ -286,6 +286,12 @@ class PyEngine {
     engine_->set_ffn_hook(sparse_.get());
   }
 
+  void set_sparse_chunks(int64_t chunk, float keep, int64_t resident) {
+    if (!sparse_) throw KernelError("set_sparse_chunks needs set_sparse_ffn first");
+    nb::gil_scoped_release release;
+    sparse_->set_chunks(chunk, keep, resident);
+  }
+
   std::optional<memory::NeuronCacheStats> neuron_stats() const {
     if (!sparse_) return std::nullopt;
     return sparse_->stats();
@@ -433,6 +439,7 @@ void bind_engine(nb::module_& m) {
       .def("set_streaming", &PyEngine::set_streaming, nb::arg("plan"))
       .def("set_sparse_ffn", &PyEngine::set_sparse_ffn, nb::arg("layers"), nb::arg("gate"), nb::arg("up"),
            nb::arg("down"), nb::arg("capacity"), nb::arg("window"))
+      .def("set_sparse_chunks", &PyEngine::set_sparse_chunks, nb::arg("chunk"), nb::arg("keep"), nb::arg("resident"))
       .def("set_ffn_thresholds", &PyEngine::set_ffn_thresholds, nb::arg("thresholds"))
       .def("set_arena_down_format", &PyEngine::set_arena_down_format, nb::arg("layer"), nb::arg("fmt"))
       .def("set_partial_sums", &PyEngine::set_partial_sums, nb::arg("fn"))
