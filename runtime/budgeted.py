@@ -22,7 +22,7 @@ from edgeflash.memory.direct_io import aligned_empty, open_direct, read_range
 from edgeflash.memory.io_profile import best_settings
 from edgeflash.memory.layout import Location, WeightLayout, align_down, align_up, build_layout, group_units
 from edgeflash.memory.planner import BudgetError, make_plan
-from edgeflash.memory.sparse_cost import choose_ffn
+from edgeflash.memory.sparse_cost import CHUNK_READ_PENALTY, SMALL_READ_PENALTY, choose_ffn
 from edgeflash.memory.sparsity_profile import lookup
 from edgeflash.runtime.approximate import ROW_READ_BYTES, ApproximateMode
 from edgeflash.runtime.bundle.arena import arena_layer
@@ -122,7 +122,8 @@ class BudgetedWeights:
         self.sparsity = sparsity
         measured = lookup(self.layout.path, self.budget, sparsity, self.window)
         choice = choose_ffn(exact_plan.stream_bytes_per_pass, sparse_plan.stream_bytes_per_pass,
-                            sparse_mode.neuron_read_estimate(), measured)
+                            sparse_mode.neuron_read_estimate(), measured,
+                            CHUNK_READ_PENALTY if sparse_mode.chunk_neurons else SMALL_READ_PENALTY)
         self.ffn_choice = choice
         if choice.sparse or not self.fallback:
             sparse_plan.notes.append(f"sparse FFN kept: {choice.reason}" if choice.sparse else
