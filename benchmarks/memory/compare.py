@@ -420,6 +420,9 @@ def timed_window_sweep(args: argparse.Namespace) -> None:
     if args.planner:  # what a user gets: the planner falls back to exact flash where the setting loses
         for s in args.sparsities:
             configs[f"planner s{s:g} k4"] = {"strategy": "flash", "sparsity": s, "window": 4}
+            if "chunk" in args.modes:
+                configs[f"planner s{s:g} c{args.neuron_chunk // 1024} k4"] = {
+                    "strategy": "flash", "sparsity": s, "window": 4, "neuron_chunk": args.neuron_chunk}
         configs["auto"] = {"strategy": "flash", "sparsity": "auto"}
     records = []
     for model in args.models:
@@ -501,6 +504,7 @@ def timed_window_sweep(args: argparse.Namespace) -> None:
                 rec(label, mb, name, "greedy_equals_exact", same == "yes")
                 if fell_back:
                     rec(label, mb, name, "fell_back_to_exact", True)
+        sweep_plot(model, args, results, q)
         if not q:
             continue
         print(f"\n| config | perplexity prose (vs exact) | perplexity code (vs exact) | top-1 = exact, prose | "
@@ -517,7 +521,6 @@ def timed_window_sweep(args: argparse.Namespace) -> None:
             print(f"| {name} | {cells[0]} | {cells[1]} | {q[f'prose|{name}']['top1_agreement']:.1%} | "
                   f"{q[f'code|{name}']['top1_agreement']:.1%} | {q[f'prose|{name}']['positions']}+"
                   f"{q[f'code|{name}']['positions']} |")
-        sweep_plot(model, args, results, q)
     append_results("memory-window", records)
     print(f"\n{len(records)} records appended to benchmarks/results/memory-window.jsonl (run {run_id})", file=sys.stderr)
 
