@@ -31,8 +31,8 @@ def load(model: str | Path = "default", *, memory_budget: str | int | None = Non
     sparsity, window, head_shortlist: approximate mode of a budgeted bundle (edgeflash.runtime.approximate):
     the FFN reads only predicted-active neurons through a cache of the last `window` tokens' neurons,
     and the head computes only the `head_shortlist` most frequent tokens. Off (exact) by default.
-    neuron_chunk: bytes; with sparsity, read neurons in whole chunks of about this size (the
-    hottest first in the arena, so chunks of neurons that fire together): per token the `1 - sparsity`
+    neuron_chunk: bytes; with sparsity, read neurons in whole chunks of at least this size (in the
+    arena's order, the most often active first): per token the `1 - sparsity`
     share of chunks with the most predicted activation, neighbours merged into one read, and the
     hottest neurons kept resident; 0 (default): each predicted-active neuron on its own.
     A sparsity level the planner expects (or measured) to be slower than exact flash at this budget

@@ -41,8 +41,8 @@ class NeuronCacheFfn : public FfnHook {
   bool active(int64_t layer) const override { return layer >= 0 && layer < static_cast<int64_t>(layers_.size()); }
   void compute(int64_t layer, const LayerWeights& w, const float* x, int64_t n, float* out) override;
 
-  // Chunk-aware selection: the arena is cut into chunks of `chunk` neurons in file order (hot first,
-  // so chunks of neurons that fire together), each token reads whole chunks - the `keep` share of
+  // Chunk-aware selection: the arena is cut into chunks of `chunk` neurons in file order (the most
+  // often active first), each token reads whole chunks - the `keep` share of
   // all chunks with the largest predicted activation mass (a fixed top-k: a predictable read
   // budget, and reads of chunk x stride bytes that merge with selected neighbours) - and the
   // first `resident` neurons of every layer (the hottest) are read once now and never evicted.
