@@ -377,11 +377,19 @@ def sweep_plot(model: str, args: argparse.Namespace, results: dict[tuple, list[d
             tag = "" if mode == "neuron" else f" c{args.neuron_chunk // 1024}"
             for kind, style in (("prose", "-"), ("code", ":")):
                 base = q[f"{kind}|exact"]["perplexity"]
-                xs = [0.0] + list(args.sparsities)
-                ys = [0.0] + [(q[f"{kind}|s{s:g}{tag}"]["perplexity"] / base - 1) * 100 for s in args.sparsities]
-                ax.plot(xs, ys, style, marker="o", label=f"{mode}, {kind}")
+                xs = [s for s in args.sparsities if f"{kind}|s{s:g}{tag}" in q]
+                ys = [(q[f"{kind}|s{s:g}{tag}"]["perplexity"] / base - 1) * 100 for s in xs]
+                ax.plot([0.0] + xs, [0.0] + ys, style, marker="o", label=f"{mode} (predictor), {kind}")
+        for kind, style in (("prose", "-"), ("code", ":")):  # exact selection, when measured (sparse_quality.py)
+            cats = [s for s in args.sparsities if f"{kind}|CATS exact {s:g}" in q]
+            if cats:
+                base = q[f"{kind}|exact"]["perplexity"]
+                ax.plot([0.0] + cats, [0.0] + [(q[f"{kind}|CATS exact {s:g}"]["perplexity"] / base - 1) * 100
+                                               for s in cats], style, marker="s", color="black",
+                        label=f"exact CATS selection, {kind}")
         ax.axhline(10, color="grey", linestyle="--", label="+10%")
         ax.set_yscale("symlog", linthresh=10)
+        ax.set_ylim(bottom=-1)
         ax.set_title("perplexity vs exact (held-out)")
         ax.set_xlabel("sparsity")
         ax.set_ylabel("% over exact")
