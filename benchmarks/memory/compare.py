@@ -402,6 +402,26 @@ def sweep_plot(model: str, args: argparse.Namespace, results: dict[tuple, list[d
     print(f"plot: {path}", file=sys.stderr)
 
 
+def recorded_quality(model_name: str) -> dict:
+    """The latest run of benchmarks/memory/sparse_quality.py for this model, as quality() returns
+    it (perplexity and top-1 agreement per text and configuration), or {}."""
+    sys.path.insert(0, str(REPO / "benchmarks" / "results"))
+    from record import read_results
+
+    rows = [r for r in read_results("memory-sparse-quality") if r.get("model") == model_name]
+    if not rows:
+        return {}
+    run = max(r["run"] for r in rows)
+    out: dict[str, dict] = {}
+    for r in rows:
+        if r["run"] == run and r["metric"].startswith(("perplexity_", "top1_agreement_")) \
+                and not r["metric"].endswith("_pct"):
+            kind = r["metric"].rsplit("_", 1)[1]
+            key = "perplexity" if r["metric"].startswith("perplexity") else "top1_agreement"
+            out.setdefault(f"{kind}|{r['config']}", {})[key] = r["value"]
+    return out
+
+
 def timed_window_sweep(args: argparse.Namespace) -> None:
     """Exact flash against sparse FFN (sparsity S, window K) at budgets that are fractions of the
     exact weights, side by side: every configuration in its own process, in a shuffled order per
@@ -512,7 +532,8 @@ def timed_window_sweep(args: argparse.Namespace) -> None:
                 rec(label, mb, name, "greedy_equals_exact", same == "yes")
                 if fell_back:
                     rec(label, mb, name, "fell_back_to_exact", True)
-        sweep_plot(model, args, results, q)
+        model_name = json.loads((bundle / "manifest.json").read_text())["model"]["name"]
+        sweep_plot(model, args, results, q or recorded_quality(model_name))
         if not q:
             continue
         print(f"\n| config | perplexity prose (vs exact) | perplexity code (vs exact) | top-1 = exact, prose | "
