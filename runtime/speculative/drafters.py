@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from edgeflash.runtime.speculative.controller import RUNNER_UP, Acceptance, Controller, CostModel, now
+from edgeflash.runtime.speculative.controller import RUNNER_UP, Acceptance, Controller, CostModel, Guard, now
 from edgeflash.runtime.speculative.tree import DraftTree
 
 
@@ -125,13 +125,14 @@ class ModelDrafter:
             controller.costs.record_draft(self.name, now() - t0)
         return logits
 
-    def extend(self, tree: DraftTree, history: list[int], controller: Controller, max_depth: int) -> None:
-        """Draft under the root while the controller finds the next token worth its forward."""
+    def extend(self, tree: DraftTree, history: list[int], controller: Controller, max_depth: int) -> bool:
+        """Draft under the root while the controller finds the next token worth its forward.
+        Whether the draft model ran at all."""
         e = self.engine
         steps = min(max_depth, e.context_length - len(history) - 1)
         memo: dict[int, float] = {}
         if steps <= 0 or not controller.draft_more(self.name, 1.0, controller.worth_verifying(tree, memo), first=True):
-            return
+            return False
         node = 0
         for depth in range(1, steps + 1):
             if depth == 1:
@@ -148,7 +149,8 @@ class ModelDrafter:
             reach = controller.reach(tree, node, memo)
             if depth == steps or tree.size >= controller.max_nodes or \
                     not controller.draft_more(self.name, reach, controller.worth_verifying(tree, memo)):
-                return
+                return True
+        return True
 
     def memory_bytes(self) -> int:
         return self.engine.weights.memory_bytes(self.engine)  # the draft engine's weight source knows
@@ -159,20 +161,23 @@ class Drafters:
 
     def __init__(self, name: str, lookup: LookupDrafter | None, model: ModelDrafter | None):
         self.name, self.lookup, self.model = name, lookup, model
-        self._state: dict[bool, tuple[CostModel, Acceptance]] = {}
+        self._state: dict[bool, tuple[CostModel, Acceptance, dict[str, Guard]]] = {}
 
-    def state(self, greedy: bool) -> tuple[CostModel, Acceptance]:
+    def state(self, greedy: bool) -> tuple[CostModel, Acceptance, dict[str, Guard]]:
         """What the controller learned with these drafters (costs are the engine's, acceptance the
-        drafters'), kept across generations; greedy and sampled verification apart."""
+        drafters', guards what paid against plain decoding), kept across generations; greedy and
+        sampled verification apart."""
         if greedy not in self._state:
-            self._state[greedy] = (CostModel(), Acceptance())
+            self._state[greedy] = (CostModel(), Acceptance(), {})
         return self._state[greedy]
 
-    def extend(self, tree: DraftTree, history: list[int], controller: Controller, max_depth: int) -> None:
+    def extend(self, tree: DraftTree, history: list[int], controller: Controller, max_depth: int) -> str | None:
+        """Add every drafter's proposals to `tree`; the name of the draft model if one ran."""
         if self.lookup is not None:
             self.lookup.extend(tree, history, controller.max_nodes, max_depth)
-        if self.model is not None:
-            self.model.extend(tree, history, controller, max_depth)
+        if self.model is not None and self.model.extend(tree, history, controller, max_depth):
+            return self.model.name
+        return None
 
     def memory_bytes(self) -> int:
         return sum(d.memory_bytes() for d in (self.lookup, self.model) if d is not None)
