@@ -42,7 +42,9 @@ GUARD_PASSES = 8  # speculative steps whose realized tokens per second are compa
 GUARD_MIN = 3  # steps a guard needs before it judges (a probe that loses costs this many steps)
 MAX_PAUSE = 64  # longest run of steps without the guarded path between probes while it does not pay
 PROBE_EVERY = 16  # a draft model that has not drafted for this many steps drafts once (costs change)
+CATCH_UP_HORIZON = 16  # steps a draft model's catch-up on the context is expected to serve
 MARGIN = 1.02  # a tree must promise this much more than a plain step, against measurement noise
+WIN_MARGIN = 1.1  # a guard shortens its pause only for a path this much faster than plain decoding
 RUNNER_UP = "+runner-up"  # suffix of the origin of a draft model's second choice (calibrated apart)
 
 
@@ -57,6 +59,7 @@ class CostModel:
         self.plain: float | None = None
         self.verify: dict[int, float] = {}
         self.draft: dict[str, float] = {}
+        self.catch_up: dict[str, float] = {}  # drafter -> seconds per token of a multi-token catch-up
 
     def record_plain(self, seconds: float) -> None:
         self.plain = _average(self.plain, seconds)
@@ -66,6 +69,9 @@ class CostModel:
 
     def record_draft(self, drafter: str, seconds: float) -> None:
         self.draft[drafter] = _average(self.draft.get(drafter), seconds)
+
+    def record_catch_up(self, drafter: str, seconds_per_token: float) -> None:
+        self.catch_up[drafter] = _average(self.catch_up.get(drafter), seconds_per_token)
 
     def pass_cost(self, width: int) -> float:
         """Seconds for a pass of `width` nodes: measured, interpolated between measured widths, or
@@ -171,7 +177,7 @@ class Guard:
         if tokens_total / seconds_total < 1.0 / plain:  # the guarded path lost to plain decoding lately
             self.pause, self.passes = self.backoff, []
             self.backoff = min(2 * self.backoff, MAX_PAUSE)
-        elif tokens_total / seconds_total > MARGIN / plain and len(self.passes) == GUARD_PASSES:
+        elif tokens_total / seconds_total > WIN_MARGIN / plain and len(self.passes) == GUARD_PASSES:
             self.backoff = max(1, self.backoff // 2)
 
     def paused(self) -> bool:
@@ -206,19 +212,24 @@ class Controller:
             return True
         return self.guard.paused()
 
-    def draft_more(self, origin: str, reach: float, width: int, first: bool = False) -> bool:
+    def draft_more(self, origin: str, reach: float, width: int, first: bool = False, behind: int = 0) -> bool:
         """Whether a draft model should run one more forward for a token under a node reached with
         probability `reach`, the tree already holding `width` nodes worth verifying. `first`: the
-        draft's first token this step (a drafter idle for PROBE_EVERY steps drafts it anyway)."""
+        draft's first token this step (a drafter idle for PROBE_EVERY steps drafts it anyway, if
+        catching up costs no more than that idle stretch), `behind` context tokens its cache must
+        take in first: a long catch-up (a new prompt) is charged its share of CATCH_UP_HORIZON steps."""
         if width >= self.max_nodes:
             return False
         if first and self.guards.setdefault(origin, Guard()).paused():  # it lost lately: benched
             return False
-        if first and self.steps - self.last_draft.get(origin, self.steps) >= PROBE_EVERY:
+        if first and behind <= PROBE_EVERY + 2 and \
+                self.steps - self.last_draft.get(origin, self.steps) >= PROBE_EVERY:
             self.last_draft[origin] = self.steps
             return True
         plain = self.costs.plain or 1.0
         draft = self.costs.draft.get(origin, 0.0)
+        if first and behind > 2:
+            draft += behind * self.costs.catch_up.get(origin, 0.0) / CATCH_UP_HORIZON
         worth = reach * self.acceptance.recent(origin) * plain
         extra = self.costs.pass_cost(width + 1) - self.costs.pass_cost(width)
         if worth > draft + extra:

@@ -102,17 +102,33 @@ class ModelDrafter:
         """The tokens the draft engine holds for this history."""
         return history[:self.SINK] + history[max(self.SINK, self._join):]
 
+    def _common(self, view: list[int]) -> int:
+        """How many of `view`'s first tokens the draft cache holds."""
+        common = 0
+        for a, b in zip(self.engine.tokens, view):
+            if a != b:
+                break
+            common += 1
+        return common
+
+    def _rejoins(self, view: list[int], common: int) -> bool:
+        # a new context (or a long stretch without drafting): join it afresh near its end
+        return common < min(len(view), self.SINK + 1) or len(view) - common > self.WINDOW
+
+    def behind(self, history: list[int]) -> int:
+        """Context tokens the draft cache must take in before it drafts after history[-1]."""
+        view = self._view(history)
+        common = self._common(view)
+        if self._rejoins(view, common):
+            return min(len(history), self.SINK + self.WINDOW)
+        return len(view) - min(common, len(view) - 1)
+
     def _catch_up(self, history: list[int], controller: Controller) -> Any:
         """Bring the draft cache up to history[-1]: logits of the token after it."""
         e = self.engine
         view = self._view(history)
-        common = 0
-        for a, b in zip(e.tokens, view):
-            if a != b:
-                break
-            common += 1
-        if common < min(len(view), self.SINK + 1) or len(view) - common > self.WINDOW:
-            # a new context (or a long stretch without drafting): join it afresh near its end
+        common = self._common(view)
+        if self._rejoins(view, common):
             self._join = max(self.SINK, len(history) - self.WINDOW)
             view, common = self._view(history), 0
         e.truncate(min(common, len(view) - 1))
@@ -123,6 +139,8 @@ class ModelDrafter:
         logits = e.forward(tail)[-1]
         if len(tail) <= 2:  # a drafting step; a longer catch-up is not what a draft token costs
             controller.costs.record_draft(self.name, now() - t0)
+        else:
+            controller.costs.record_catch_up(self.name, (now() - t0) / len(tail))
         return logits
 
     def extend(self, tree: DraftTree, history: list[int], controller: Controller, max_depth: int) -> bool:
@@ -131,7 +149,8 @@ class ModelDrafter:
         e = self.engine
         steps = min(max_depth, e.context_length - len(history) - 1)
         memo: dict[int, float] = {}
-        if steps <= 0 or not controller.draft_more(self.name, 1.0, controller.worth_verifying(tree, memo), first=True):
+        if steps <= 0 or not controller.draft_more(self.name, 1.0, controller.worth_verifying(tree, memo), first=True,
+                                                   behind=self.behind(history)):
             return False
         node = 0
         for depth in range(1, steps + 1):

@@ -200,3 +200,20 @@ def test_a_draft_model_that_loses_is_benched_while_lookup_goes_on():
         asked.append(c.draft_more("draft", 1.0, 1, first=True))
     assert asked[0] is False and any(asked)  # benched for its pause, then probed again
     assert c.select(lookup_chain(range(1, 4))) is not None  # lookup is still verified meanwhile
+
+
+def test_a_long_catch_up_is_charged_to_the_first_draft_token():
+    """A draft model whose cache must first take in a whole prompt pays for that catch-up (its share
+    of the steps the catch-up serves); a cache a token or two behind does not, and a probe never
+    forces a long catch-up."""
+    c = Controller(16, costs(lambda w: PLAIN * (1 + 0.1 * (w - 1))), Acceptance())
+    c.costs.record_draft("draft", 0.2 * PLAIN)
+    c.costs.record_catch_up("draft", 0.05 * PLAIN)  # per context token, batched
+    for _ in range(50):
+        c.acceptance.record("draft", 0.95, 1, True)
+    c.acceptance.model_recent["draft"] = 0.7
+    c.plain_now()
+    assert c.draft_more("draft", 1.0, 1, first=True, behind=2)
+    assert not c.draft_more("draft", 1.0, 1, first=True, behind=200)  # 200 x 0.05 / 16 = 0.63 plain steps
+    c.steps += 10 * PROBE_EVERY
+    assert not c.draft_more("draft", 1.0, 1, first=True, behind=200)
