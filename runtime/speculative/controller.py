@@ -16,9 +16,12 @@ acceptance, and the expected tokens of a tree are 1 + the sum of its nodes' chan
 controller verifies the subtree (the most likely nodes, parents first) with the best expected
 tokens per second, or takes a plain step when none beats one token per plain step; a draft model
 drafts one more token while that token's expected worth exceeds its forward and its node's share
-of the pass. A guard compares what passes actually yield with plain decoding and pauses
-speculation (plain steps, then a probe after a pause that doubles up to MAX_PAUSE) when they
-lose, so a misestimate is never run for long.
+of the pass. Guards compare what speculation actually yields (tokens per second, drafting
+included) with plain decoding, continuously: one for speculation as a whole, which pauses it (plain
+steps), and one per draft model, which benches the model (lookup, which costs nothing, goes on).
+A pause doubles up to MAX_PAUSE steps while the probe after it still loses and halves when
+speculation wins again; guards, like costs and acceptance, are kept across generations, so a
+misestimate is never run for long and a losing drafter is not relearned on every prompt.
 """
 
 from __future__ import annotations
@@ -29,12 +32,19 @@ from dataclasses import dataclass, field
 import numpy as np
 
 SMOOTHING = 0.25  # weight of the newest measurement in the running averages of costs
-PRIOR_SLOPE = 0.15  # before any pass is measured: each node adds this share of a plain step
+# Before any pass is measured, each node adds this share of a plain step: what a resident model's
+# pass costs on a CPU, whose matrix products at 2-4 rows cost 1.2-2.4x one row (Qwen2.5-Coder-1.5B
+# on 2 cores: 1.04-1.10x a plain step at 2 nodes, 1.30-1.45x at 3, 1.73-2.05x at 4). A flash-bound
+# pass measures far less after its first pass; guessing low costs losing passes until then.
+PRIOR_SLOPE = 0.35
 REMEASURE_PLAIN = 32  # a plain step now and then keeps the plain cost current
-GUARD_PASSES = 8  # passes whose realized tokens per second are compared with plain decoding
-MAX_PAUSE = 24  # longest run of plain steps between probes while speculation does not pay
+GUARD_PASSES = 8  # speculative steps whose realized tokens per second are compared with plain decoding
+GUARD_MIN = 3  # steps a guard needs before it judges (a probe that loses costs this many steps)
+MAX_PAUSE = 64  # longest run of steps without the guarded path between probes while it does not pay
 PROBE_EVERY = 16  # a draft model that has not drafted for this many steps drafts once (costs change)
+CATCH_UP_HORIZON = 16  # steps a draft model's catch-up on the context is expected to serve
 MARGIN = 1.02  # a tree must promise this much more than a plain step, against measurement noise
+WIN_MARGIN = 1.1  # a guard shortens its pause only for a path this much faster than plain decoding
 RUNNER_UP = "+runner-up"  # suffix of the origin of a draft model's second choice (calibrated apart)
 
 
@@ -49,6 +59,7 @@ class CostModel:
         self.plain: float | None = None
         self.verify: dict[int, float] = {}
         self.draft: dict[str, float] = {}
+        self.catch_up: dict[str, float] = {}  # drafter -> seconds per token of a multi-token catch-up
 
     def record_plain(self, seconds: float) -> None:
         self.plain = _average(self.plain, seconds)
@@ -58,6 +69,9 @@ class CostModel:
 
     def record_draft(self, drafter: str, seconds: float) -> None:
         self.draft[drafter] = _average(self.draft.get(drafter), seconds)
+
+    def record_catch_up(self, drafter: str, seconds_per_token: float) -> None:
+        self.catch_up[drafter] = _average(self.catch_up.get(drafter), seconds_per_token)
 
     def pass_cost(self, width: int) -> float:
         """Seconds for a pass of `width` nodes: measured, interpolated between measured widths, or
@@ -146,7 +160,9 @@ class Selection:
 
 @dataclass
 class Guard:
-    """Realized tokens and seconds of the last passes, against plain decoding."""
+    """Realized tokens and seconds of the last speculative steps, against plain decoding. When they
+    lose, the guarded path pauses for `backoff` steps, which doubles while probes keep losing and
+    halves while the path wins."""
 
     passes: list[tuple[int, float]] = field(default_factory=list)
     pause: int = 0
@@ -154,22 +170,35 @@ class Guard:
 
     def record(self, tokens: int, seconds: float, plain: float | None) -> None:
         self.passes = (self.passes + [(tokens, seconds)])[-GUARD_PASSES:]
-        if plain is None or len(self.passes) < GUARD_PASSES // 2:
+        if plain is None or len(self.passes) < GUARD_MIN:
             return
         tokens_total = sum(t for t, _ in self.passes)
         seconds_total = sum(s for _, s in self.passes)
-        if tokens_total / seconds_total < 1.0 / plain:  # speculation lost to plain decoding lately
+        if tokens_total / seconds_total < 1.0 / plain:  # the guarded path lost to plain decoding lately
             self.pause, self.passes = self.backoff, []
             self.backoff = min(2 * self.backoff, MAX_PAUSE)
-        elif tokens_total / seconds_total > MARGIN / plain:
-            self.backoff = 1
+        elif tokens_total / seconds_total > WIN_MARGIN / plain and len(self.passes) == GUARD_PASSES:
+            self.backoff = max(1, self.backoff // 2)
+
+    def paused(self) -> bool:
+        """Whether the guarded path sits out this step (counts the pause down)."""
+        if self.pause > 0:
+            self.pause -= 1
+            return True
+        return False
+
+
+SPECULATION = ""  # the guard of speculation as a whole; a draft model's guard is under its name
 
 
 class Controller:
-    def __init__(self, max_nodes: int, costs: CostModel, acceptance: Acceptance):
+    def __init__(self, max_nodes: int, costs: CostModel, acceptance: Acceptance,
+                 guards: dict[str, Guard] | None = None):
+        """`guards`: what earlier generations learned of what pays (a new dict if none)."""
         self.max_nodes = max(2, max_nodes)
         self.costs, self.acceptance = costs, acceptance
-        self.guard = Guard()
+        self.guards = {} if guards is None else guards
+        self.guard = self.guards.setdefault(SPECULATION, Guard())
         self.steps = 0
         self.last_draft: dict[str, int] = {}  # drafter -> step it last drafted
 
@@ -181,22 +210,26 @@ class Controller:
         self.steps += 1
         if self.costs.plain is None or self.steps % REMEASURE_PLAIN == 0:
             return True
-        if self.guard.pause > 0:
-            self.guard.pause -= 1
-            return True
-        return False
+        return self.guard.paused()
 
-    def draft_more(self, origin: str, reach: float, width: int, first: bool = False) -> bool:
+    def draft_more(self, origin: str, reach: float, width: int, first: bool = False, behind: int = 0) -> bool:
         """Whether a draft model should run one more forward for a token under a node reached with
         probability `reach`, the tree already holding `width` nodes worth verifying. `first`: the
-        draft's first token this step (a drafter idle for PROBE_EVERY steps drafts it anyway)."""
+        draft's first token this step (a drafter idle for PROBE_EVERY steps drafts it anyway, if
+        catching up costs no more than that idle stretch), `behind` context tokens its cache must
+        take in first: a long catch-up (a new prompt) is charged its share of CATCH_UP_HORIZON steps."""
         if width >= self.max_nodes:
             return False
-        if first and self.steps - self.last_draft.get(origin, self.steps) >= PROBE_EVERY:
+        if first and self.guards.setdefault(origin, Guard()).paused():  # it lost lately: benched
+            return False
+        if first and behind <= PROBE_EVERY + 2 and \
+                self.steps - self.last_draft.get(origin, self.steps) >= PROBE_EVERY:
             self.last_draft[origin] = self.steps
             return True
         plain = self.costs.plain or 1.0
         draft = self.costs.draft.get(origin, 0.0)
+        if first and behind > 2:
+            draft += behind * self.costs.catch_up.get(origin, 0.0) / CATCH_UP_HORIZON
         worth = reach * self.acceptance.recent(origin) * plain
         extra = self.costs.pass_cost(width + 1) - self.costs.pass_cost(width)
         if worth > draft + extra:
@@ -239,6 +272,10 @@ class Controller:
         return Selection(nodes, best_total, self.costs.pass_cost(best_k + 1))
 
     # -- after a pass ----------------------------------------------------------------------------
+
+    def record_model_step(self, origin: str, tokens: int, seconds: float) -> None:
+        """A step in which draft model `origin` drafted: what it yielded, drafting included."""
+        self.guards.setdefault(origin, Guard()).record(tokens, seconds, self.costs.plain)
 
     def record_plain(self, seconds: float) -> None:
         self.costs.record_plain(seconds)

@@ -46,8 +46,7 @@ class SpeculativeDecoder:
         max_nodes = min(max_nodes, getattr(engine, "max_batch", max_nodes))
         self.engine, self.drafters, self.sampler = engine, drafters, sampler
         self.greedy = sampler.params.greedy and not sampler.params.penalized
-        costs, acceptance = drafters.state(self.greedy)
-        self.controller = Controller(max_nodes, costs, acceptance)
+        self.controller = Controller(max_nodes, *drafters.state(self.greedy))
         self.stats = SpecStats()
 
     def step(self, history: list[int], room: int | None = None) -> list[int]:
@@ -56,15 +55,18 @@ class SpeculativeDecoder:
         `room`: cache slots left; every tree node takes one until the pass is committed."""
         c = self.controller
         t0 = now()
-        drafted = False
+        drafted, model = False, None
         if not c.plain_now():
             limit = min(c.max_nodes, room) if room is not None else c.max_nodes
             tree = DraftTree.root(history[-1])
-            self.drafters.extend(tree, history, c, max_depth=limit - 1)
+            model = self.drafters.extend(tree, history, c, max_depth=limit - 1)
             drafted = tree.size > 1
             selection = c.select(tree, limit=limit) if drafted else None
             if selection is not None:
-                return self._pass(tree.keep(selection.nodes), history, t0)
+                out = self._pass(tree.keep(selection.nodes), history, t0)
+                if model is not None:
+                    c.record_model_step(model, len(out), now() - t0)
+                return out
         t1 = now()
         logits = self.engine.forward([history[-1]])[-1]
         token = self.sampler(logits, history)
@@ -74,6 +76,8 @@ class SpeculativeDecoder:
         c.record_plain(t2 - t1)
         if drafted:  # drafting that found nothing worth verifying still took its time
             c.guard.record(1, t2 - t0, c.costs.plain)
+        if model is not None:
+            c.record_model_step(model, 1, t2 - t0)
         return [token]
 
     def _pass(self, tree: DraftTree, history: list[int], t0: float) -> list[int]:

@@ -3,12 +3,12 @@
 A draft model's full head is a large share of what a draft token costs (Qwen2.5-Coder-0.5B: 145 of
 392 MB read per token, for 151,936 rows); the target only accepts tokens it would emit itself, and
 most of those come from a small part of the vocabulary. The shortlist is
-- the first `size` tokens in the tokenizer's own order: BPE and SentencePiece vocabularies list
-  tokens roughly from the most to the least frequent (merge order, score order), so this needs no
-  text and no counting (measured on Qwen2.5-Coder-1.5B's MT-Bench answers: the 0.5B's top-1 agrees
-  with the target on 73.9% of tokens with the first 16,384 tokens plus the context's, 72.7% with
-  the 16,384 most frequent in 1 MB of Shakespeare and 1 MB of Python; 76.7% and 76.6% at 32,768;
-  78.8% with the full head),
+- the target's most frequent tokens where its bundle counted them at export, then the tokenizer's
+  own order: BPE and SentencePiece vocabularies list tokens roughly from the most to the least
+  frequent (merge order, score order), so a GGUF target needs no text and no counting (measured on
+  Qwen2.5-Coder-1.5B's MT-Bench answers: the 0.5B's top-1 agrees with the target on 73.9% of
+  tokens with the first 16,384 tokens plus the context's, 72.7% with the 16,384 most frequent in
+  1 MB of Shakespeare and 1 MB of Python; 76.7% and 76.6% at 32,768; 78.8% with the full head),
 - the end-of-turn tokens,
 - and every token of the context (prompt and answer so far), added as it appears: names,
   identifiers and words of the passage the answer quotes.
@@ -85,11 +85,17 @@ class DraftHead:
         return int(self.ids[top[0]]), float(p1), int(self.ids[top[1]]), p2
 
 
-def shortlist_ids(tokenizer: Any, vocab_size: int, size: int) -> np.ndarray:
-    """The first `size` ids in the tokenizer's order, plus its end-of-turn tokens."""
-    ids = np.arange(min(size, vocab_size), dtype=np.int32)
-    ends = np.asarray(sorted(t for t in getattr(tokenizer, "eos_ids", ()) if 0 <= t < vocab_size), dtype=np.int32)
-    return np.unique(np.concatenate([ids, ends]))
+def shortlist_ids(source: Any, size: int) -> np.ndarray:
+    """The `size` tokens a shortlist head starts from, for the target `source`: its most frequent
+    tokens where it has counted them (a bundle's calibration counts), then the tokenizer's own
+    order; and its end-of-turn tokens. The self-drafter and a draft model both use this list."""
+    vocab = source.spec.vocab_size
+    counted = ((source.info.get("manifest") or {}).get("calibration") or {}).get("token_frequencies", {})
+    frequent = np.asarray([t for t in counted.get("ids", [])[:size] if 0 <= t < vocab], dtype=np.int32)
+    ordered = np.arange(min(size, vocab), dtype=np.int32)
+    ordered = ordered[~np.isin(ordered, frequent)][:max(0, size - len(frequent))]
+    ends = np.asarray(sorted(t for t in getattr(source.tokenizer, "eos_ids", ()) if 0 <= t < vocab), dtype=np.int32)
+    return np.unique(np.concatenate([frequent, ordered, ends]))
 
 
 def head_bytes(head: Any, size: int, extra: int = DEFAULT_CONTEXT_ROWS) -> int:

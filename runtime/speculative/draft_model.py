@@ -180,7 +180,7 @@ def model_drafter(path: str | Path, target: NativeEngine, shortlist: int | None 
     source = open_draft_model(path, target.source, verify=budget is None)
     head_name = head_tensor_name(source)
     head_tensor = source.tensors[head_name]
-    ids = shortlist_ids(target.tokenizer, source.spec.vocab_size, shortlist or DEFAULT_DRAFT_SHORTLIST)
+    ids = shortlist_ids(target.source, shortlist or DEFAULT_DRAFT_SHORTLIST)
     weights: Any
     if budget is None:
         head = DraftHead(head_tensor, lambda rows: np.ascontiguousarray(head_tensor.take_rows(rows).raw), ids)

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from edgeflash.runtime.speculative.controller import RUNNER_UP, Acceptance, Controller, CostModel, now
+from edgeflash.runtime.speculative.controller import RUNNER_UP, Acceptance, Controller, CostModel, Guard, now
 from edgeflash.runtime.speculative.tree import DraftTree
 
 
@@ -102,17 +102,33 @@ class ModelDrafter:
         """The tokens the draft engine holds for this history."""
         return history[:self.SINK] + history[max(self.SINK, self._join):]
 
+    def _common(self, view: list[int]) -> int:
+        """How many of `view`'s first tokens the draft cache holds."""
+        common = 0
+        for a, b in zip(self.engine.tokens, view):
+            if a != b:
+                break
+            common += 1
+        return common
+
+    def _rejoins(self, view: list[int], common: int) -> bool:
+        # a new context (or a long stretch without drafting): join it afresh near its end
+        return common < min(len(view), self.SINK + 1) or len(view) - common > self.WINDOW
+
+    def behind(self, history: list[int]) -> int:
+        """Context tokens the draft cache must take in before it drafts after history[-1]."""
+        view = self._view(history)
+        common = self._common(view)
+        if self._rejoins(view, common):
+            return min(len(history), self.SINK + self.WINDOW)
+        return len(view) - min(common, len(view) - 1)
+
     def _catch_up(self, history: list[int], controller: Controller) -> Any:
         """Bring the draft cache up to history[-1]: logits of the token after it."""
         e = self.engine
         view = self._view(history)
-        common = 0
-        for a, b in zip(e.tokens, view):
-            if a != b:
-                break
-            common += 1
-        if common < min(len(view), self.SINK + 1) or len(view) - common > self.WINDOW:
-            # a new context (or a long stretch without drafting): join it afresh near its end
+        common = self._common(view)
+        if self._rejoins(view, common):
             self._join = max(self.SINK, len(history) - self.WINDOW)
             view, common = self._view(history), 0
         e.truncate(min(common, len(view) - 1))
@@ -123,15 +139,19 @@ class ModelDrafter:
         logits = e.forward(tail)[-1]
         if len(tail) <= 2:  # a drafting step; a longer catch-up is not what a draft token costs
             controller.costs.record_draft(self.name, now() - t0)
+        else:
+            controller.costs.record_catch_up(self.name, (now() - t0) / len(tail))
         return logits
 
-    def extend(self, tree: DraftTree, history: list[int], controller: Controller, max_depth: int) -> None:
-        """Draft under the root while the controller finds the next token worth its forward."""
+    def extend(self, tree: DraftTree, history: list[int], controller: Controller, max_depth: int) -> bool:
+        """Draft under the root while the controller finds the next token worth its forward.
+        Whether the draft model ran at all."""
         e = self.engine
         steps = min(max_depth, e.context_length - len(history) - 1)
         memo: dict[int, float] = {}
-        if steps <= 0 or not controller.draft_more(self.name, 1.0, controller.worth_verifying(tree, memo), first=True):
-            return
+        if steps <= 0 or not controller.draft_more(self.name, 1.0, controller.worth_verifying(tree, memo), first=True,
+                                                   behind=self.behind(history)):
+            return False
         node = 0
         for depth in range(1, steps + 1):
             if depth == 1:
@@ -148,7 +168,8 @@ class ModelDrafter:
             reach = controller.reach(tree, node, memo)
             if depth == steps or tree.size >= controller.max_nodes or \
                     not controller.draft_more(self.name, reach, controller.worth_verifying(tree, memo)):
-                return
+                return True
+        return True
 
     def memory_bytes(self) -> int:
         return self.engine.weights.memory_bytes(self.engine)  # the draft engine's weight source knows
@@ -159,20 +180,23 @@ class Drafters:
 
     def __init__(self, name: str, lookup: LookupDrafter | None, model: ModelDrafter | None):
         self.name, self.lookup, self.model = name, lookup, model
-        self._state: dict[bool, tuple[CostModel, Acceptance]] = {}
+        self._state: dict[bool, tuple[CostModel, Acceptance, dict[str, Guard]]] = {}
 
-    def state(self, greedy: bool) -> tuple[CostModel, Acceptance]:
+    def state(self, greedy: bool) -> tuple[CostModel, Acceptance, dict[str, Guard]]:
         """What the controller learned with these drafters (costs are the engine's, acceptance the
-        drafters'), kept across generations; greedy and sampled verification apart."""
+        drafters', guards what paid against plain decoding), kept across generations; greedy and
+        sampled verification apart."""
         if greedy not in self._state:
-            self._state[greedy] = (CostModel(), Acceptance())
+            self._state[greedy] = (CostModel(), Acceptance(), {})
         return self._state[greedy]
 
-    def extend(self, tree: DraftTree, history: list[int], controller: Controller, max_depth: int) -> None:
+    def extend(self, tree: DraftTree, history: list[int], controller: Controller, max_depth: int) -> str | None:
+        """Add every drafter's proposals to `tree`; the name of the draft model if one ran."""
         if self.lookup is not None:
             self.lookup.extend(tree, history, controller.max_nodes, max_depth)
-        if self.model is not None:
-            self.model.extend(tree, history, controller, max_depth)
+        if self.model is not None and self.model.extend(tree, history, controller, max_depth):
+            return self.model.name
+        return None
 
     def memory_bytes(self) -> int:
         return sum(d.memory_bytes() for d in (self.lookup, self.model) if d is not None)

@@ -1,5 +1,5 @@
 """Self-drafting: the target's own first layers, its final norm and a head over the most frequent
-tokens (from the bundle's calibration counts) form a small draft model. It shares the target's
+tokens (draft_head.shortlist_ids) form a small draft model. It shares the target's
 weight arrays, so it costs only its KV cache, its work buffers and the head rows."""
 
 from __future__ import annotations
@@ -11,19 +11,11 @@ from typing import Any
 import numpy as np
 from edgeflash.base.errors import UserError
 from edgeflash.runtime.native_engine import NativeEngine, ResidentWeights
-from edgeflash.runtime.speculative.draft_head import DraftHead
+from edgeflash.runtime.speculative.draft_head import DraftHead, shortlist_ids
 from edgeflash.runtime.speculative.drafters import ModelDrafter
 
 DEFAULT_SHORTLIST = 8192
 SELF_DRAFT_MAX_BATCH = 16
-
-
-def frequent_tokens(source, limit: int) -> np.ndarray:
-    ids = ((source.info.get("manifest") or {}).get("calibration") or {}).get("token_frequencies", {}).get("ids", [])
-    if not ids:
-        raise UserError(f"{source.path}: self-drafting needs a bundle's token counts (export it with "
-                        "`edgeflash export`); use speculative='lookup' for this model")
-    return np.asarray(ids[:limit], dtype=np.int32)
 
 
 class SelfDraftWeights:
@@ -74,7 +66,7 @@ def self_draft_engine(target: NativeEngine, layers: int, shortlist: int = DEFAUL
     if not 1 <= layers < spec.n_layers:
         raise UserError(f"self-draft layers = {layers}: expected 1..{spec.n_layers - 1}")
     weights = SelfDraftWeights(target, tensors if tensors is not None else target.source.tensors, layers,
-                               frequent_tokens(target.source, shortlist))
+                               shortlist_ids(target.source, shortlist))
     draft_spec = dataclasses.replace(spec, n_layers=layers, layer_kinds=spec.layer_kinds[:layers])
     view = SimpleNamespace(spec=draft_spec, tokenizer=target.tokenizer, tensors=weights.tensors,
                            path=target.source.path, weight_bytes=0, info={})

@@ -8,9 +8,10 @@ import itertools
 
 import pytest
 from edgeflash.runtime.speculative.controller import (
+    GUARD_MIN,
     MAX_PAUSE,
+    PRIOR_SLOPE,
     PROBE_EVERY,
-    REMEASURE_PLAIN,
     Acceptance,
     Controller,
     CostModel,
@@ -37,7 +38,7 @@ def lookup_chain(tokens) -> DraftTree:
 def test_cost_model_interpolates_and_extrapolates_what_it_measured():
     c = CostModel()
     c.record_plain(0.010)
-    assert c.pass_cost(5) == pytest.approx(0.010 * (1 + 0.15 * 4))  # the prior, before any pass
+    assert c.pass_cost(5) == pytest.approx(0.010 * (1 + PRIOR_SLOPE * 4))  # the prior, before any pass
     c.record_verify(2, 0.012)
     c.record_verify(4, 0.016)
     assert c.pass_cost(3) == pytest.approx(0.014)
@@ -157,4 +158,62 @@ def test_guard_pauses_speculation_that_loses_to_plain_decoding():
     while c.plain_now():
         paused += 1
     assert 0 < paused <= MAX_PAUSE
-    assert REMEASURE_PLAIN > MAX_PAUSE
+
+
+def test_a_losing_path_pauses_longer_each_time_and_across_generations():
+    """Probes that keep losing double the pause up to MAX_PAUSE; a new generation (a controller over
+    the same learned state) starts from that pause, not from scratch; winning halves it again."""
+    guards: dict = {}
+    c = Controller(16, costs(lambda w: PLAIN), Acceptance(), guards)
+    c.plain_now()
+    pauses = []
+    for _ in range(10):
+        for _ in range(GUARD_MIN):
+            c.guard.record(1, 2 * PLAIN, c.costs.plain)
+        pauses.append(c.guard.pause)
+        while c.guard.paused():
+            pass
+    assert pauses == sorted(pauses) and pauses[0] == 1 and pauses[-1] == MAX_PAUSE
+    again = Controller(16, c.costs, c.acceptance, guards)
+    for _ in range(GUARD_MIN):
+        again.guard.record(1, 2 * PLAIN, again.costs.plain)
+    assert again.guard.pause == MAX_PAUSE
+    for _ in range(8):
+        again.guard.record(3, PLAIN, again.costs.plain)  # three tokens for one step's time
+    assert again.guard.backoff < MAX_PAUSE
+
+
+def test_a_draft_model_that_loses_is_benched_while_lookup_goes_on():
+    """Steps in which the draft model drafted yield fewer tokens per second than plain decoding:
+    the model sits out the next steps (it is not asked to draft, not even by a probe) while
+    speculation as a whole, lookup's passes, is not paused."""
+    c = Controller(16, costs(lambda w: PLAIN * (1 + 0.1 * (w - 1))), Acceptance())
+    c.costs.record_draft("draft", 0.1 * PLAIN)
+    for _ in range(50):
+        c.acceptance.record("draft", 0.95, 1, True)
+    assert not c.plain_now() and c.draft_more("draft", 1.0, 1, first=True)
+    for _ in range(GUARD_MIN):
+        c.record_model_step("draft", 1, 1.5 * PLAIN)  # one token for 1.5 plain steps' time
+    asked = []
+    for _ in range(PROBE_EVERY + 4):
+        assert not c.plain_now() or c.steps % 32 == 0  # speculation itself goes on
+        asked.append(c.draft_more("draft", 1.0, 1, first=True))
+    assert asked[0] is False and any(asked)  # benched for its pause, then probed again
+    assert c.select(lookup_chain(range(1, 4))) is not None  # lookup is still verified meanwhile
+
+
+def test_a_long_catch_up_is_charged_to_the_first_draft_token():
+    """A draft model whose cache must first take in a whole prompt pays for that catch-up (its share
+    of the steps the catch-up serves); a cache a token or two behind does not, and a probe never
+    forces a long catch-up."""
+    c = Controller(16, costs(lambda w: PLAIN * (1 + 0.1 * (w - 1))), Acceptance())
+    c.costs.record_draft("draft", 0.2 * PLAIN)
+    c.costs.record_catch_up("draft", 0.05 * PLAIN)  # per context token, batched
+    for _ in range(50):
+        c.acceptance.record("draft", 0.95, 1, True)
+    c.acceptance.model_recent["draft"] = 0.7
+    c.plain_now()
+    assert c.draft_more("draft", 1.0, 1, first=True, behind=2)
+    assert not c.draft_more("draft", 1.0, 1, first=True, behind=200)  # 200 x 0.05 / 16 = 0.63 plain steps
+    c.steps += 10 * PROBE_EVERY
+    assert not c.draft_more("draft", 1.0, 1, first=True, behind=200)
