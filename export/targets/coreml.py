@@ -4,9 +4,7 @@ and `decode` sharing their weights and the KV-cache states.
 Weights keep the quantize stage's numbers through Core ML's own compression ops:
 - q4_0 / q8_0: torchao weight-only tensors in the torch graph, which coremltools turns into
   `constexpr_blockwise_shift_scale` (int4 / int8 codes, one scale per 32 values);
-- q4_lut: 16 levels per row, turned into `constexpr_lut_to_dense` by palettizing exactly the
-  matrices whose rows have at most 16 distinct values ("unique" mode: the palette is the row's
-  own levels, nothing is re-clustered).
+- q4_lut is not taken: its per-block scales make a row's values more than one 16-entry palette.
 
 Activations compute in float32: the residual stream of both reference models exceeds float16
 (Gemma 3 270M reaches |x| ~ 1e5 and SmolLM2's RMSNorm sums of squares ~ 5e8 on Shakespeare),
@@ -28,13 +26,13 @@ from edgeflash.export.targets.graph import ChunkGraph, DenseLinear, example_inpu
 from edgeflash.export.targets.prepare import PreparedModel
 from edgeflash.export.targets.weights import TargetWeight
 
-FORMATS = ("f32", "f16", "bf16", "q8_0", "q4_0", "q4_lut")
+FORMATS = ("f32", "f16", "bf16", "q8_0", "q4_0")
 KV_MODES = ("state", "io")
 DEFAULT_KV = "state"
 STATIC_SHAPES = True
 EXTENSION = ".mlpackage"
-WEIGHT_FORM = ("q4_0 / q8_0 -> constexpr_blockwise_shift_scale (int4 / int8, one float16 scale per 32 values), "
-               "q4_lut -> constexpr_lut_to_dense (4-bit palette per row); float32 compute, float16 states")
+WEIGHT_FORM = ("q4_0 / q8_0 -> constexpr_blockwise_shift_scale (int4 / int8, one float16 scale per 32 values); "
+               "float32 compute, float16 states")
 
 
 def methods(prefill_tokens: int) -> dict[str, dict[str, int]]:
