@@ -29,30 +29,28 @@ GROUP = FORMATS["q4_0"].block_elems  # values per scale of q4_0 / q8_0 (both 32)
 class TargetWeight:
     name: str
     role: str
-    kind: str  # "dense" | "int4" | "int8" | "lut4"
+    kind: str  # "dense" | "int4" | "int8"
     shape: tuple[int, ...]
     dense: np.ndarray | None = None  # float32 in `shape` (kind "dense")
     dense_format: str = "f32"  # the rounding the dense values carry: f32, f16 or bf16
-    codes: np.ndarray | None = None  # int8 [rows, cols]: int4/int8 codes, or palette indices 0..15 (lut4)
-    scales: np.ndarray | None = None  # float32 [rows, cols // GROUP] (int4/int8) or [rows, 16] palette (lut4)
+    codes: np.ndarray | None = None  # int8 [rows, cols]: int4/int8 codes
+    scales: np.ndarray | None = None  # float32 [rows, cols // GROUP]
 
     @property
     def bits(self) -> int:
-        return {"int4": 4, "lut4": 4, "int8": 8}.get(self.kind, 32)
+        return {"int4": 4, "int8": 8}.get(self.kind, 32)
 
     def values(self) -> np.ndarray:
         """float32 values the target computes with, in `shape`."""
         if self.kind == "dense":
             return self.dense
-        if self.kind == "lut4":
-            return np.take_along_axis(self.scales, self.codes.astype(np.intp), axis=1).reshape(self.shape)
         rows, cols = self.codes.shape
         grouped = self.codes.reshape(rows, cols // GROUP, GROUP).astype(np.float32)  # [rows, groups, 32]
         return (grouped * self.scales[:, :, None]).reshape(self.shape)
 
     @property
     def stored_bytes(self) -> int:
-        """Bytes of the packed form (codes at their bit width plus float16 scales or palettes)."""
+        """Bytes of the packed form (codes at their bit width plus float16 scales)."""
         if self.kind == "dense":
             return int(np.prod(self.shape)) * (2 if self.dense_format in ("f16", "bf16") else 4)
         return self.codes.size * self.bits // 8 + self.scales.size * 2
