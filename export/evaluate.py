@@ -42,13 +42,13 @@ def _from_windows(windows: list[tuple[float, int]]) -> Perplexity:
 
 
 def perplexity(model: ModelSource, windows: list[list[int]], desc: str = "evaluate", progress: bool = False,
-               threads: int = 2, gate_thresholds: list[float] | None = None) -> Perplexity:
+               threads: int = 2, act_thresholds: list[float] | None = None) -> Perplexity:
     """Perplexity of `model` on the windows (each scored from its second token on). With
-    `gate_thresholds` (per layer), FFN neurons whose |gate . x| falls below the layer's threshold
+    `act_thresholds` (per layer), FFN neurons whose |act(gate . x)| falls below the layer's threshold
     are skipped (a bundle's arenas only): the quality of activation sparsity at that level."""
     engine = evaluation_engine(model, max(len(w) for w in windows), threads)
-    if gate_thresholds is not None:
-        engine._engine.set_ffn_thresholds([float(t) for t in gate_thresholds])
+    if act_thresholds is not None:
+        engine._engine.set_ffn_thresholds([float(t) for t in act_thresholds])
     per_window = []
     for ids in bar(windows, desc, progress, unit="window"):
         engine.reset()

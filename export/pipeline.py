@@ -585,7 +585,7 @@ def _manifest_on_disk(path: Path) -> dict[str, Any]:
 
 def _sparsity_levels(bundle: ModelSource, windows: list[list[int]], calibration: Calibration, dense,
                      opts: ExportOptions) -> list[dict[str, Any]]:
-    """Perplexity with the FFN skipping neurons whose |gate . x| is under each level's calibrated
+    """Perplexity with the FFN skipping neurons whose |act(gate . x)| is under each level's calibrated
     threshold (the native engine's arena FFN), against the dense bundle on the same tokens."""
     from edgeflash.export.evaluate import delta_pct, perplexity, windows_for
 
@@ -596,8 +596,8 @@ def _sparsity_levels(bundle: ModelSource, windows: list[list[int]], calibration:
     rows = []
     for k, target in enumerate(calibration.sparsity_targets):
         p = perplexity(bundle, windows[:n], f"evaluate: sparsity {target:.0%}", opts.progress, opts.threads,
-                       gate_thresholds=[float(t) for t in calibration.gate_thresholds[:, k]])
-        rows.append({"target": target, "criterion": "|gate . x| < gate_threshold", "tokens": p.tokens,
+                       act_thresholds=[float(t) for t in calibration.act_thresholds[:, k]])
+        rows.append({"target": target, "criterion": "|act(gate . x)| < act_threshold", "tokens": p.tokens,
                      "perplexity": round(p.perplexity, 4), "dense_perplexity": round(dense_here.perplexity, 4),
                      "delta_pct": delta_pct(p.perplexity, dense_here.perplexity)})
     return rows

@@ -52,7 +52,7 @@ def ffn_sparse(arena: np.ndarray, x: np.ndarray, slots: object, *, d_model: int,
 
     arena: uint8 [n_slots, stride]; x: float32 [n_tok, d_model]; slots: int indices into the
     arena (repeats count again). thresholds: float32 [n_tok]; neuron s is skipped for token t
-    when |gate_s . x_t| < thresholds[t] (calibrated CATS/TEAL-style sparsity).
+    when |act(gate_s . x_t)| < thresholds[t] (calibrated CATS-style sparsity).
     """
     for name, f in (("gate_fmt", gate_fmt), ("up_fmt", up_fmt), ("down_fmt", down_fmt)):
         check_cols(f, d_model, f"d_model for {name}={f}")

@@ -27,6 +27,9 @@ PAGE = 4096
 # A scattered page read costs this many times a byte of a large streamed read (direct reads of 4 KiB
 # against 1 MiB on a virtual disk: 120-250 MB/s against 1.2-2 GB/s); smaller is kinder to sparse.
 SMALL_READ_PENALTY = 4.0
+# Chunk-aware reads (whole chunks of 64 KiB and more, neighbours merged) come close to streamed
+# reads; an estimate, until tokens/s measured for the bundle and budget decide.
+CHUNK_READ_PENALTY = 1.5
 # Sparse mode must read less than this share of what exact flash reads to be chosen: both estimates
 # ignore compute, and sparse mode adds the predictor's.
 PAYS_BELOW = 0.8
@@ -89,21 +92,21 @@ class FfnChoice:
 
 
 def choose_ffn(exact_stream_bytes: int, sparse_stream_bytes: int, neuron_bytes: float,
-               measured: dict[str, float] | None = None) -> FfnChoice:
+               measured: dict[str, float] | None = None, penalty: float = SMALL_READ_PENALTY) -> FfnChoice:
     """Sparse or exact FFN for one bundle and budget. `exact_stream_bytes`: what exact flash streams
     a token; `sparse_stream_bytes`: what the sparse plan streams besides neurons; `neuron_bytes`:
     the estimate above; `measured`: tokens/s of {"exact": .., "sparse": ..} at this budget, when
-    known (they decide)."""
+    known (they decide); `penalty`: what a byte of neuron reads costs against a streamed byte."""
     if measured and measured.get("exact") and measured.get("sparse") is not None:
         if measured["sparse"] > measured["exact"]:
             return FfnChoice(True, f"measured {measured['sparse']:.2f} tok/s against exact flash's "
                                    f"{measured['exact']:.2f}")
         return FfnChoice(False, f"it measured {measured['sparse']:.2f} tok/s against exact flash's "
                                 f"{measured['exact']:.2f} at this budget")
-    sparse_cost = sparse_stream_bytes + SMALL_READ_PENALTY * neuron_bytes
+    sparse_cost = sparse_stream_bytes + penalty * neuron_bytes
     if sparse_cost < PAYS_BELOW * exact_stream_bytes:
         return FfnChoice(True, f"estimated {sparse_cost / 1e6:.1f} MB-equivalent a token against exact flash's "
                                f"{exact_stream_bytes / 1e6:.1f} MB")
     return FfnChoice(False, f"it would read about {sparse_stream_bytes / 1e6:.1f} MB + {neuron_bytes / 1e6:.1f} MB of "
-                            f"neurons in scattered pages (worth {sparse_cost / 1e6:.1f} MB of large reads) a token "
+                            f"neurons (worth {sparse_cost / 1e6:.1f} MB of large reads) a token "
                             f"against exact flash's {exact_stream_bytes / 1e6:.1f} MB")

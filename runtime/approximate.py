@@ -28,8 +28,9 @@ if TYPE_CHECKING:
     from edgeflash.runtime.budgeted import BudgetedWeights
 
 MIN_CAPACITY = 32  # neurons per layer: below this the cache only thrashes
+HOT_FREQUENCY = 0.9  # a neuron active on this share of calibration tokens is kept resident in chunk mode
 ROW_READ_BYTES = 256 << 10  # BudgetedWeights.read_rows's buffer: held only while the shortlist loads
-BOUNCE_BYTES = 1 << 20  # memory/native/neuron_cache.cpp's read buffer
+BOUNCE_BYTES = 2 << 20  # memory/native/neuron_cache.cpp's read buffer (two batches)
 
 
 class ApproximateMode:
@@ -40,7 +41,9 @@ class ApproximateMode:
         self.bundle = source.info["bundle"]
         self.calibration = source.info["manifest"].get("calibration") or {}
         self.sparsity, self.window, self.shortlist = weights.sparsity, weights.window, weights.head_shortlist
+        self.neuron_chunk = int(getattr(weights, "neuron_chunk", 0) or 0)
         self.capacity = 0
+        self.chunk_neurons, self.resident = 0, 0
 
     @classmethod
     def configure(cls, weights: BudgetedWeights) -> ApproximateMode:
@@ -125,6 +128,22 @@ class ApproximateMode:
         per_layer = d_ff * 4 + capacity * (4 + 8)
         return self.spec.n_layers * per_layer + batch * (d_ff + rank) * 4 + 4 * d_ff * 4 + (257 + 64) * 8
 
+    def _chunking(self) -> tuple[int, int]:
+        """(neurons per chunk, resident hot neurons per layer) of chunk-aware selection: chunks of at
+        least `neuron_chunk` bytes in every layer (the smallest stride decides), and as resident the
+        neurons active on at least HOT_FREQUENCY of the calibration tokens (the median layer's count,
+        in whole chunks), the arena holding them first."""
+        if not self.neuron_chunk or self.sparsity is None:
+            return 0, 0
+        strides = [self._arena(layer).stride for layer in range(self.spec.n_layers)]
+        chunk = max(1, math.ceil(self.neuron_chunk / min(strides)))
+        frequency = (self.calibration.get("neurons") or {}).get("frequency")
+        resident = 0
+        if frequency:
+            hot = sorted(int(np.sum(np.asarray(f) >= HOT_FREQUENCY)) for f in frequency)
+            resident = hot[len(hot) // 2] // chunk * chunk
+        return chunk, resident
+
     def plan(self, fixed: dict[str, int], threads: int, chunk: int) -> MemoryPlan:
         """The largest neuron cache (up to what the window needs) that leaves a feasible plan."""
         n = self.spec.n_layers
@@ -132,8 +151,11 @@ class ApproximateMode:
         target = self.spec.d_ff
         if self.sparsity is not None:
             active = max(self.calibration["predictors"].get("predicted_active") or [1.0])
+            self.chunk_neurons, self.resident = self._chunking()
+            if self.chunk_neurons:  # a fixed share of chunks a token, besides the resident neurons
+                active = 1.0 - self.sparsity
             # The union over a window of k tokens grows with k; a quarter of the active set per token is typical.
-            target = min(self.spec.d_ff, math.ceil(active * self.spec.d_ff * (1 + 0.25 * self.window)))
+            target = min(self.spec.d_ff, self.resident + math.ceil(active * self.spec.d_ff * (1 + 0.25 * self.window)))
         capacity, error = target, None
         while True:
             try:
@@ -148,9 +170,12 @@ class ApproximateMode:
                     raise error from None
                 capacity = max(MIN_CAPACITY, capacity * 3 // 4)
         self.capacity = capacity
+        self.resident = min(self.resident, capacity // 2 // max(1, self.chunk_neurons) * self.chunk_neurons)
         if self.sparsity is not None:
             plan.notes.append(f"sparse FFN at {self.sparsity:.0%} sparsity: neuron cache of {capacity} of "
-                              f"{self.spec.d_ff} neurons per layer, window {self.window} tokens")
+                              f"{self.spec.d_ff} neurons per layer, window {self.window} tokens"
+                              + (f", chunks of {self.chunk_neurons} neurons ({self.neuron_chunk // 1024} KiB+), "
+                                 f"{self.resident} hot neurons resident" if self.chunk_neurons else ""))
         if self.shortlist is not None:
             plan.notes.append(f"approximate head: {len(self.ids)} most frequent tokens of {self.spec.vocab_size}")
         return plan
@@ -165,7 +190,12 @@ class ApproximateMode:
         return [min(1.0, a * scale) for a in active]
 
     def neuron_read_estimate(self) -> float:
-        """Expected neuron bytes a token reads with this plan's cache (memory/sparse_cost.py)."""
+        """Expected neuron bytes a token reads with this plan's cache (memory/sparse_cost.py); with
+        chunks, the chosen share of each arena besides its resident neurons, in large reads."""
+        if self.chunk_neurons:
+            keep = 1.0 - self.sparsity
+            return float(sum(max(0.0, keep * self.spec.d_ff - self.resident) * self._arena(layer).stride
+                             for layer in range(self.spec.n_layers)))
         frequency = (self.calibration.get("neurons") or {}).get("frequency")
         layers = []
         for layer in range(self.spec.n_layers):
@@ -213,11 +243,14 @@ class ApproximateMode:
                                     "its neurons; the bundle is corrupted")
                 spec_.file_slot_of_neuron = np.argsort(order).astype(np.int32).tolist()  # neuron -> arena slot
                 spec_.pred_threshold = float(cal["predictors"]["threshold"][layer]) * scale
-                spec_.gate_threshold = float(cal["sparsity"]["gate_threshold"][layer][self.level])
+                # CATS: the kernel skips a neuron whose |act(gate . x)| is under the level's threshold
+                spec_.act_threshold = float(act[self.level])
                 spec_.down_fmt = next(p.fmt for p in arena.parts if p.name == "down")
                 layers.append(spec_)
             parts = {p.name: p.fmt for p in self._arena(0).parts}
             native.set_sparse_ffn(layers, parts["gate"], parts["up"], parts["down"], self.capacity, self.window)
+            if self.chunk_neurons:
+                native.set_sparse_chunks(self.chunk_neurons, 1.0 - self.sparsity, self.resident)
         if self.shortlist is not None:
             head = self.source.tensors[self._head_tensor()]
             native.set_head_shortlist(self.weights.read_rows(self._head_tensor(), self.ids), head.fmt, self.ids)
@@ -231,7 +264,8 @@ class ApproximateMode:
                         "neuron_bytes_read": n.bytes_read, "neurons_loaded": n.loaded,
                         "predicted_active_fraction": round(n.predicted / max(1, n.passes)
                                                            / self.spec.d_ff / self.spec.n_layers, 4),
-                        "neuron_reads": n.reads, "neuron_read_median_bytes": median_read_bytes(n.read_pages)})
+                        "neuron_reads": n.reads, "neuron_read_median_bytes": median_read_bytes(n.read_pages),
+                        "neuron_chunk_neurons": self.chunk_neurons, "resident_neurons": self.resident})
         if self.shortlist is not None:
             out["head_shortlist"] = len(self.ids)
         return out

@@ -22,7 +22,7 @@ from edgeflash.memory.direct_io import aligned_empty, open_direct, read_range
 from edgeflash.memory.io_profile import best_settings
 from edgeflash.memory.layout import Location, WeightLayout, align_down, align_up, build_layout, group_units
 from edgeflash.memory.planner import BudgetError, make_plan
-from edgeflash.memory.sparse_cost import choose_ffn
+from edgeflash.memory.sparse_cost import CHUNK_READ_PENALTY, SMALL_READ_PENALTY, choose_ffn
 from edgeflash.memory.sparsity_profile import lookup
 from edgeflash.runtime.approximate import ROW_READ_BYTES, ApproximateMode
 from edgeflash.runtime.bundle.arena import arena_layer
@@ -64,7 +64,7 @@ class BudgetedWeights:
                  fixed_costs: dict[str, int] | None = None, io_threads: int | None = None,
                  chunk_bytes: int | None = None, verify: bool = True, sparsity: float | None = None,
                  window: int = 4, head_shortlist: int | None = None, opening_peak: int = 0,
-                 fallback: bool = True, full_head: bool = True):
+                 fallback: bool = True, full_head: bool = True, neuron_chunk: int = 0):
         """`fixed_costs`: what the loader measured or reserved besides the engine (tokenizer,
         speculation); `opening_peak`: how far RSS rose while the model was opened (tokenizer and
         metadata built, their temporaries freed): the budget must hold that too. `io_threads`,
@@ -74,6 +74,7 @@ class BudgetedWeights:
         self.source, self.spec, self.options = source, source.spec, options
         self.budget, self.strategy, self.verify = budget, strategy, verify
         self.sparsity, self.window, self.head_shortlist = sparsity, window, head_shortlist
+        self.neuron_chunk = neuron_chunk
         self.requested_sparsity, self.fallback, self.ffn_choice = sparsity, fallback, None
         self.layout = layout = source_layout(source)
         mem = engine_memory(self.spec, options)
@@ -121,7 +122,8 @@ class BudgetedWeights:
         self.sparsity = sparsity
         measured = lookup(self.layout.path, self.budget, sparsity, self.window)
         choice = choose_ffn(exact_plan.stream_bytes_per_pass, sparse_plan.stream_bytes_per_pass,
-                            sparse_mode.neuron_read_estimate(), measured)
+                            sparse_mode.neuron_read_estimate(), measured,
+                            CHUNK_READ_PENALTY if sparse_mode.chunk_neurons else SMALL_READ_PENALTY)
         self.ffn_choice = choice
         if choice.sparse or not self.fallback:
             sparse_plan.notes.append(f"sparse FFN kept: {choice.reason}" if choice.sparse else

@@ -48,7 +48,8 @@ class LoadedModel:
 def load_model(path: str | Path, *, memory_budget: str | int | None = None, threads: int = 2, engine: str = "auto",
                context_length: int | None = None, strategy: str = "flash", activations: str = "q8x2",
                kv_cache: str = "f16", sparsity: float | str | None = None, window: int = 4,
-               head_shortlist: int | None = None, speculative: str = "none", ffn_fallback: bool = True) -> LoadedModel:
+               head_shortlist: int | None = None, speculative: str = "none", ffn_fallback: bool = True,
+               neuron_chunk: int = 0) -> LoadedModel:
     """The arguments of `edgeflash.load` (see there), for a resolved path."""
     _check_options(engine, threads, context_length, activations, kv_cache)
     auto_note = None
@@ -57,7 +58,7 @@ def load_model(path: str | Path, *, memory_budget: str | int | None = None, thre
             return load_model(path, memory_budget=memory_budget, threads=threads, engine=engine,
                               context_length=context_length, strategy=strategy, activations=activations,
                               kv_cache=kv_cache, sparsity=s, window=k, head_shortlist=head_shortlist,
-                              ffn_fallback=False)
+                              ffn_fallback=False, neuron_chunk=neuron_chunk)
 
         sparsity, window, auto_note = choose_sparsity(path, parse_size(memory_budget), load_one)
     elif isinstance(sparsity, str):
@@ -104,7 +105,7 @@ def load_model(path: str | Path, *, memory_budget: str | int | None = None, thre
                                                    options=options, fixed=fixed, strategy=strategy)
     weights = BudgetedWeights(source, budget=budget, options=options, strategy=strategy, fixed_costs=fixed,
                               opening_peak=opening_peak, sparsity=sparsity, window=window,
-                              head_shortlist=head_shortlist, fallback=ffn_fallback)
+                              head_shortlist=head_shortlist, fallback=ffn_fallback, neuron_chunk=neuron_chunk)
     if auto_note:
         weights.plan.notes.append(auto_note)
     run = NativeEngine(source, weights=weights, threads=threads, options=options)

@@ -19,7 +19,8 @@ TOOL_CHOICES = ("auto", "none", "required")
 def load(model: str | Path = "default", *, memory_budget: str | int | None = None, threads: int = 2,
          engine: str = "auto", context_length: int | None = None, strategy: str = "flash",
          activations: str = "q8x2", kv_cache: str = "f16", sparsity: float | None = None, window: int = 4,
-         head_shortlist: int | None = None, speculative: str = "none", ffn_fallback: bool = True) -> Model:
+         head_shortlist: int | None = None, speculative: str = "none", ffn_fallback: bool = True,
+         neuron_chunk: int = 0) -> Model:
     """Open a GGUF file, a Hugging Face directory, a bundle or a model alias ("default").
 
     memory_budget: one byte budget ("96MB", "1.5GiB" or bytes) for everything loading and running
@@ -30,6 +31,10 @@ def load(model: str | Path = "default", *, memory_budget: str | int | None = Non
     sparsity, window, head_shortlist: approximate mode of a budgeted bundle (edgeflash.runtime.approximate):
     the FFN reads only predicted-active neurons through a cache of the last `window` tokens' neurons,
     and the head computes only the `head_shortlist` most frequent tokens. Off (exact) by default.
+    neuron_chunk: bytes; with sparsity, read neurons in whole chunks of at least this size (in the
+    arena's order, the most often active first): per token the `1 - sparsity`
+    share of chunks with the most predicted activation, neighbours merged into one read, and the
+    hottest neurons kept resident; 0 (default): each predicted-active neuron on its own.
     A sparsity level the planner expects (or measured) to be slower than exact flash at this budget
     is not used and the plan says so, unless `ffn_fallback=False`; sparsity="auto" measures exact
     flash and each calibrated level once per budget (remembered) and picks the fastest that agrees
@@ -42,7 +47,7 @@ def load(model: str | Path = "default", *, memory_budget: str | int | None = Non
     return Model(load_model(resolve_model(model), memory_budget=memory_budget, threads=threads, engine=engine,
                             context_length=context_length, strategy=strategy, activations=activations,
                             kv_cache=kv_cache, sparsity=sparsity, window=window, head_shortlist=head_shortlist,
-                            speculative=speculative, ffn_fallback=ffn_fallback))
+                            speculative=speculative, ffn_fallback=ffn_fallback, neuron_chunk=neuron_chunk))
 
 
 class Model:

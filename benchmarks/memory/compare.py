@@ -285,37 +285,42 @@ QUALITY = textwrap.dedent("""
     import edgeflash as ef
     from edgeflash.export.corpus import code_heldout_text, heldout_text
     from edgeflash.export.text import token_windows
-    bundle, budget, sparsities, n_tokens = sys.argv[1], int(sys.argv[2]), json.loads(sys.argv[3]), int(sys.argv[4])
+    bundle, budget, configs, n_tokens = sys.argv[1], int(sys.argv[2]), json.loads(sys.argv[3]), int(sys.argv[4])
     # Token by token, as decoding runs: a batch would share one union of predicted neurons.
-    configs = [None] + sparsities
-    models = {s: ef.load(bundle, memory_budget=budget, context_length=256,
-                         **({"sparsity": s, "ffn_fallback": False} if s else {})) for s in configs}
+    # configs: name -> load options ("exact": {}); one model at a time, so four 1.5B models need not fit
+    models = {}
     out = {}
-    for kind, text in (("prose", heldout_text()), ("code", code_heldout_text())):
-        windows = token_windows(models[None].tokenizer, text, n_tokens, 64, kind)
-        nll = {s: [] for s in configs}
-        top = {s: [] for s in configs}
-        for window in windows:
-            for s, m in models.items():
+    texts = {"prose": heldout_text(), "code": code_heldout_text()}
+    nll, top = {}, {}
+    for name, options in configs.items():
+        m = ef.load(bundle, memory_budget=budget, context_length=256, **options)
+        for kind, text in texts.items():
+            windows = token_windows(m.tokenizer, text, n_tokens, 64, kind)
+            nll[kind, name], top[kind, name] = [], []
+            for window in windows:
                 m.engine.reset()
                 for i, tok in enumerate(window[:-1]):
                     logits = m.engine.forward([tok])[-1].astype(np.float64)
                     z = logits.max() + np.log(np.exp(logits - logits.max()).sum())
-                    nll[s].append(z - logits[window[i + 1]])
-                    top[s].append(int(np.argmax(logits)))
-        exact_top = np.asarray(top[None])
-        for s in configs:
-            out[f"{kind}|{s}"] = {"perplexity": float(np.exp(np.mean(nll[s]))), "positions": len(nll[s]),
-                                  "top1_agreement": float(np.mean(np.asarray(top[s]) == exact_top))}
+                    nll[kind, name].append(z - logits[window[i + 1]])
+                    top[kind, name].append(int(np.argmax(logits)))
+        m.close()
+        del m
+    for kind in texts:
+        exact_top = np.asarray(top[kind, "exact"])
+        for name in configs:
+            out[f"{kind}|{name}"] = {"perplexity": float(np.exp(np.mean(nll[kind, name]))),
+                                     "positions": len(nll[kind, name]),
+                                     "top1_agreement": float(np.mean(np.asarray(top[kind, name]) == exact_top))}
     print(json.dumps(out))
 """)
 
 
-def quality(bundle: Path, budget: int, sparsities: list[float], tokens: int) -> dict:
+def quality(bundle: Path, budget: int, configs: dict[str, dict], tokens: int) -> dict:
     """Perplexity on held-out prose and code and top-1 agreement with the exact run, per sparsity
     level, teacher-forced token by token. The window and the budget do not change what a token
     computes (the cache only decides what is re-read), so one budget that holds everything serves."""
-    proc = subprocess.run([sys.executable, "-c", QUALITY, str(bundle), str(budget), json.dumps(sparsities), str(tokens)],
+    proc = subprocess.run([sys.executable, "-c", QUALITY, str(bundle), str(budget), json.dumps(configs), str(tokens)],
                           capture_output=True, text=True, cwd="/")
     if proc.returncode != 0:
         raise SystemExit(f"quality run failed: {proc.stderr.strip()[-2000:]}")
@@ -332,6 +337,91 @@ def sweep_cgroup(budget: int) -> Path:
     return cgroup_dir(f"edgeflash-sweep-{budget}", budget + CGROUP_SLACK)
 
 
+def sweep_plot(model: str, args: argparse.Namespace, results: dict[tuple, list[dict]], q: dict) -> None:
+    """docs/img/memory-sparsity-sweep.png: tokens/s against sparsity (a line per selection mode and
+    window, exact flash as a level line) per budget, and perplexity against sparsity per held-out
+    text, exact at 0%."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print("matplotlib is not installed: tables only", file=sys.stderr)
+        return
+    fig, axes = plt.subplots(1, len(args.budgets) + (1 if q else 0), figsize=(4.2 * (len(args.budgets) + 1), 3.6))
+    axes = list(axes) if hasattr(axes, "__len__") else [axes]
+    for ax, fraction in zip(axes, args.budgets):
+        flash = [r["decode_tok_s"] for r in results.get((fraction, "flash"), []) if "error" not in r]
+        if flash:
+            ax.axhline(statistics.median(flash), color="black", linestyle="--", label="exact flash")
+        for mode in args.modes:
+            tag = "" if mode == "neuron" else f" c{args.neuron_chunk // 1024}"
+            for k in args.windows:
+                xs, ys = [], []
+                for s in args.sparsities:
+                    runs = [r for r in results.get((fraction, f"s{s:g}{tag} k{k}"), []) if "error" not in r]
+                    if runs:
+                        xs.append(s)
+                        ys.append(statistics.median(r["decode_tok_s"] for r in runs))
+                if xs:
+                    ax.plot(xs, ys, marker="o", label=f"{mode}{tag.strip() and ' ' + tag.strip() + ' KiB'}, window {k}")
+        ax.set_title(f"{model} at {fraction:.0%} of its weights")
+        ax.set_xlabel("sparsity")
+        ax.set_ylabel("tokens/s")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7)
+    if q:
+        ax = axes[-1]
+        for mode in args.modes:
+            tag = "" if mode == "neuron" else f" c{args.neuron_chunk // 1024}"
+            for kind, style in (("prose", "-"), ("code", ":")):
+                base = q[f"{kind}|exact"]["perplexity"]
+                xs = [s for s in args.sparsities if f"{kind}|s{s:g}{tag}" in q]
+                ys = [(q[f"{kind}|s{s:g}{tag}"]["perplexity"] / base - 1) * 100 for s in xs]
+                ax.plot([0.0] + xs, [0.0] + ys, style, marker="o", label=f"{mode} (predictor), {kind}")
+        for kind, style in (("prose", "-"), ("code", ":")):  # exact selection, when measured (sparse_quality.py)
+            cats = [s for s in args.sparsities if f"{kind}|CATS exact {s:g}" in q]
+            if cats:
+                base = q[f"{kind}|exact"]["perplexity"]
+                ax.plot([0.0] + cats, [0.0] + [(q[f"{kind}|CATS exact {s:g}"]["perplexity"] / base - 1) * 100
+                                               for s in cats], style, marker="s", color="black",
+                        label=f"exact CATS selection, {kind}")
+        ax.axhline(10, color="grey", linestyle="--", label="+10%")
+        ax.set_yscale("symlog", linthresh=10)
+        ax.set_ylim(bottom=-1)
+        ax.set_title("perplexity vs exact (held-out)")
+        ax.set_xlabel("sparsity")
+        ax.set_ylabel("% over exact")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7)
+    path = REPO / "docs" / "img" / "memory-sparsity-sweep.png"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.tight_layout()
+    fig.savefig(path, dpi=80)
+    print(f"plot: {path}", file=sys.stderr)
+
+
+def recorded_quality(model_name: str) -> dict:
+    """The latest run of benchmarks/memory/sparse_quality.py for this model, as quality() returns
+    it (perplexity and top-1 agreement per text and configuration), or {}."""
+    sys.path.insert(0, str(REPO / "benchmarks" / "results"))
+    from record import read_results
+
+    rows = [r for r in read_results("memory-sparse-quality") if r.get("model") == model_name]
+    if not rows:
+        return {}
+    run = max(r["run"] for r in rows)
+    out: dict[str, dict] = {}
+    for r in rows:
+        if r["run"] == run and r["metric"].startswith(("perplexity_", "top1_agreement_")) \
+                and not r["metric"].endswith("_pct"):
+            kind = r["metric"].rsplit("_", 1)[1]
+            key = "perplexity" if r["metric"].startswith("perplexity") else "top1_agreement"
+            out.setdefault(f"{kind}|{r['config']}", {})[key] = r["value"]
+    return out
+
+
 def timed_window_sweep(args: argparse.Namespace) -> None:
     """Exact flash against sparse FFN (sparsity S, window K) at budgets that are fractions of the
     exact weights, side by side: every configuration in its own process, in a shuffled order per
@@ -346,12 +436,21 @@ def timed_window_sweep(args: argparse.Namespace) -> None:
     (OUT / "cache" / "edgeflash" / "sparsity-profile.json").unlink(missing_ok=True)
     run_id, command = new_run_id(), "python benchmarks/memory/compare.py " + " ".join(sys.argv[1:])
     configs = {"flash": {"strategy": "flash"}}
+    quality_configs: dict[str, dict] = {"exact": {}}
     for s in args.sparsities:  # as asked (no fallback): what the setting itself costs
-        for k in args.windows:
-            configs[f"s{s:g} k{k}"] = {"strategy": "flash", "sparsity": s, "window": k, "ffn_fallback": False}
+        for mode in args.modes:  # neuron by neuron (the predictor's threshold), or whole chunks
+            chunk = {} if mode == "neuron" else {"neuron_chunk": args.neuron_chunk}
+            tag = "" if mode == "neuron" else f" c{args.neuron_chunk // 1024}"
+            for k in args.windows:
+                configs[f"s{s:g}{tag} k{k}"] = {"strategy": "flash", "sparsity": s, "window": k, "ffn_fallback": False,
+                                                **chunk}
+            quality_configs[f"s{s:g}{tag}"] = {"sparsity": s, "ffn_fallback": False, **chunk}
     if args.planner:  # what a user gets: the planner falls back to exact flash where the setting loses
         for s in args.sparsities:
             configs[f"planner s{s:g} k4"] = {"strategy": "flash", "sparsity": s, "window": 4}
+            if "chunk" in args.modes:
+                configs[f"planner s{s:g} c{args.neuron_chunk // 1024} k4"] = {
+                    "strategy": "flash", "sparsity": s, "window": 4, "neuron_chunk": args.neuron_chunk}
         configs["auto"] = {"strategy": "flash", "sparsity": "auto"}
     records = []
     for model in args.models:
@@ -370,7 +469,7 @@ def timed_window_sweep(args: argparse.Namespace) -> None:
                     results.setdefault((fraction, name), []).append(r)
                     print(f"round {round_no} {model} {fraction:.0%} {name}: "
                           f"{r.get('error') or str(r['decode_tok_s']) + ' tok/s'}", file=sys.stderr)
-        q = quality(bundle, int((exact + approx) * 1.2), args.sparsities, args.quality_tokens) \
+        q = quality(bundle, int((exact + approx) * 1.2), quality_configs, args.quality_tokens) \
             if args.quality_tokens else {}
         (OUT / f"window_sweep_timed_{model}.json").write_text(json.dumps(
             {"results": {f"{f}|{n}": v for (f, n), v in results.items()}, "quality": q}))
@@ -433,22 +532,24 @@ def timed_window_sweep(args: argparse.Namespace) -> None:
                 rec(label, mb, name, "greedy_equals_exact", same == "yes")
                 if fell_back:
                     rec(label, mb, name, "fell_back_to_exact", True)
+        model_name = json.loads((bundle / "manifest.json").read_text())["model"]["name"]
+        sweep_plot(model, args, results, q or recorded_quality(model_name))
         if not q:
             continue
-        print(f"\n| sparsity | perplexity prose (vs exact) | perplexity code (vs exact) | top-1 = exact, prose | "
+        print(f"\n| config | perplexity prose (vs exact) | perplexity code (vs exact) | top-1 = exact, prose | "
               f"top-1 = exact, code | positions |")
         print("|" + "---|" * 6)
-        for s in [None] + args.sparsities:
+        for name in quality_configs:
             cells = []
             for kind in ("prose", "code"):
-                base, cur = q[f"{kind}|None"]["perplexity"], q[f"{kind}|{s}"]["perplexity"]
+                base, cur = q[f"{kind}|exact"]["perplexity"], q[f"{kind}|{name}"]["perplexity"]
                 cells.append(f"{cur:.3f} ({(cur / base - 1) * 100:+.1f}%)")
-                config = "exact" if s is None else f"s{s:g}"
-                rec(None, None, config, f"perplexity_{kind}", round(cur, 4))
-                rec(None, None, config, f"perplexity_{kind}_delta_pct", round((cur / base - 1) * 100, 2), "%")
-                rec(None, None, config, f"top1_agreement_{kind}", round(q[f"{kind}|{s}"]["top1_agreement"], 4))
-            print(f"| {'exact' if s is None else s} | {cells[0]} | {cells[1]} | {q[f'prose|{s}']['top1_agreement']:.1%} | "
-                  f"{q[f'code|{s}']['top1_agreement']:.1%} | {q[f'prose|{s}']['positions']}+{q[f'code|{s}']['positions']} |")
+                rec(None, None, name, f"perplexity_{kind}", round(cur, 4))
+                rec(None, None, name, f"perplexity_{kind}_delta_pct", round((cur / base - 1) * 100, 2), "%")
+                rec(None, None, name, f"top1_agreement_{kind}", round(q[f"{kind}|{name}"]["top1_agreement"], 4))
+            print(f"| {name} | {cells[0]} | {cells[1]} | {q[f'prose|{name}']['top1_agreement']:.1%} | "
+                  f"{q[f'code|{name}']['top1_agreement']:.1%} | {q[f'prose|{name}']['positions']}+"
+                  f"{q[f'code|{name}']['positions']} |")
     append_results("memory-window", records)
     print(f"\n{len(records)} records appended to benchmarks/results/memory-window.jsonl (run {run_id})", file=sys.stderr)
 
@@ -497,6 +598,9 @@ def main() -> None:
                    help="--window-sweep timed side by side: budgets as fractions of the exact weights (0.25 0.33)")
     p.add_argument("--sparsities", nargs="+", type=float, default=[0.3, 0.5, 0.7])
     p.add_argument("--windows", nargs="+", type=int, default=[0, 4])
+    p.add_argument("--modes", nargs="+", default=["neuron"], choices=["neuron", "chunk"],
+                   help="--window-sweep --budgets: sparse selection neuron by neuron and/or in whole chunks")
+    p.add_argument("--neuron-chunk", type=int, default=65536, help="chunk mode: bytes a chunk (default 64 KiB)")
     p.add_argument("--quality-tokens", type=int, default=192,
                    help="held-out tokens per text (prose, code) scored token by token for perplexity/agreement (0: none)")
     p.add_argument("--planner", action="store_true",

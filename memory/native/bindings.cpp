@@ -77,7 +77,7 @@ void bind_memory(nb::module_& m) {
       .def_rw("stride", &SparseLayerSpec::stride)
       .def_rw("file_slot_of_neuron", &SparseLayerSpec::file_slot_of_neuron)
       .def_rw("pred_threshold", &SparseLayerSpec::pred_threshold)
-      .def_rw("gate_threshold", &SparseLayerSpec::gate_threshold)
+      .def_rw("act_threshold", &SparseLayerSpec::act_threshold)
       .def_prop_rw(
           "down_fmt", [](const SparseLayerSpec& s) { return s.has_down ? std::string(format_info(s.down).name) : ""; },
           [](SparseLayerSpec& s, const std::string& fmt) {

@@ -41,7 +41,7 @@ struct LayerWeights {
   // The same arena laid out at load for the kernels (resident weights): gate and up hold its gate
   // and up rows in panels, down_columns its down columns (rows = neurons, cols = d_model, one
   // neuron's down column per row, the arena's down format). When set, the FFN runs as gate and up
-  // in one pass and a column product; ffn_arena stays set for runs with gate thresholds.
+  // in one pass and a column product; ffn_arena stays set for runs with activation thresholds.
   WeightMatrix down_columns;
   const float* attn_norm = nullptr;
   const float* ffn_norm = nullptr;

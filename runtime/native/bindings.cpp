@@ -166,7 +166,7 @@ class PyEngine {
   // one pass on int8 activations like dense matrices) and its down columns into rows of their own
   // (the column product), slice by slice, the file's pages dropped as they are copied (with
   // `drop_source`), so the arena is never resident twice. The arena itself stays set (its pages
-  // come back only for a run with gate thresholds, which reads neurons through it).
+  // come back only for a run with activation thresholds, which reads neurons through it).
   bool lay_out_arena(int64_t layer, const WeightMatrix& a, bool drop_source) {
     const Format f = a.fmt, fd = engine_->arena_down_format(layer, f);
     const int64_t rows = a.rows, cols = a.cols;
@@ -284,6 +284,12 @@ class PyEngine {
     sparse_ = std::make_unique<memory::NeuronCacheFfn>(reader_, std::move(layers), shape().d_model, fmt_of(gate),
                                                        fmt_of(up), fmt_of(down), shape().act, capacity, window);
     engine_->set_ffn_hook(sparse_.get());
+  }
+
+  void set_sparse_chunks(int64_t chunk, float keep, int64_t resident) {
+    if (!sparse_) throw KernelError("set_sparse_chunks needs set_sparse_ffn first");
+    nb::gil_scoped_release release;
+    sparse_->set_chunks(chunk, keep, resident);
   }
 
   std::optional<memory::NeuronCacheStats> neuron_stats() const {
@@ -433,6 +439,7 @@ void bind_engine(nb::module_& m) {
       .def("set_streaming", &PyEngine::set_streaming, nb::arg("plan"))
       .def("set_sparse_ffn", &PyEngine::set_sparse_ffn, nb::arg("layers"), nb::arg("gate"), nb::arg("up"),
            nb::arg("down"), nb::arg("capacity"), nb::arg("window"))
+      .def("set_sparse_chunks", &PyEngine::set_sparse_chunks, nb::arg("chunk"), nb::arg("keep"), nb::arg("resident"))
       .def("set_ffn_thresholds", &PyEngine::set_ffn_thresholds, nb::arg("thresholds"))
       .def("set_arena_down_format", &PyEngine::set_arena_down_format, nb::arg("layer"), nb::arg("fmt"))
       .def("set_partial_sums", &PyEngine::set_partial_sums, nb::arg("fn"))

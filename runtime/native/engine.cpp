@@ -321,7 +321,7 @@ void Engine::run_block(int64_t layer, const LayerWeights& w, int64_t n, const in
     ffn_hook_->compute(layer, w, h, n, sel_.data());  // sel_ is free until the logits
     std::memcpy(h, sel_.data(), static_cast<size_t>(n * d) * sizeof(float));
   } else if (w.ffn_arena.data && !ffn_thresholds_.empty() && ffn_thresholds_[layer] > 0.0f) {
-    OpTimer timer(prof(), Op::ffn_arena);  // neurons below the gate threshold skipped: the sparse kernel
+    OpTimer timer(prof(), Op::ffn_arena);  // neurons below the activation threshold skipped: the sparse kernel
     ffn_from_arena(layer, w.ffn_arena, h, n, sel_.data());
     std::memcpy(h, sel_.data(), static_cast<size_t>(n * d) * sizeof(float));
   } else if (w.ffn_arena.data) {

@@ -93,7 +93,7 @@ class Engine {
   void set_head_source(HeadSource* source) { head_source_ = source; }        // null = the resident head
   void set_embedding_source(EmbeddingSource* source) { embed_source_ = source; }  // null = resident table
   void set_ffn_hook(FfnHook* hook) { ffn_hook_ = hook; }  // null = dense FFN everywhere
-  // Per layer, the |gate . x| below which an arena FFN skips a neuron (empty or 0: every neuron):
+  // Per layer, the |act(gate . x)| below which an arena FFN skips a neuron (empty or 0: every neuron):
   // activation sparsity at a calibrated level, to measure what it costs.
   void set_ffn_thresholds(std::vector<float> thresholds);
   // The format of the down columns in a layer's FFN arena, when it is not the arena's (gate/up)

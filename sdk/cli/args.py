@@ -42,6 +42,17 @@ def non_negative_int(text: str) -> int:
     return value
 
 
+def parse_chunk_size(text: str) -> int:
+    """A neuron chunk size: bytes or a size such as 64KiB."""
+    from edgeflash.base.errors import UserError
+    from edgeflash.base.sizes import parse_size
+
+    try:
+        return int(text) if text.isdigit() else parse_size(text, "neuron chunk")
+    except UserError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
 def sparsity_level(text: str) -> float | str:
     """--ffn-sparsity: a fraction in (0, 1), or auto."""
     if text == "auto":
@@ -130,6 +141,10 @@ def add_advanced_engine_options(p: argparse.ArgumentParser) -> None:
     adv.add_argument("--neuron-window", type=non_negative_int, default=4, metavar="K", dest="window",
                      help="with --ffn-sparsity: keep the FFN neurons of the last K tokens cached "
                           "(default: %(default)s)")
+    adv.add_argument("--neuron-chunk", type=parse_chunk_size, default=0, metavar="SIZE", dest="neuron_chunk",
+                     help="with --ffn-sparsity: read neurons in whole chunks of at least SIZE (e.g. 64KiB: the "
+                          "most active 1 - S share of chunks a token, neighbours merged, hot neurons resident) "
+                          "instead of one by one (default: one by one)")
     adv.add_argument("--head-shortlist", type=positive_int, default=None, metavar="N",
                      help="with --memory-budget and a bundle: approximate head over the N most frequent tokens")
     adv.add_argument("--speculative", default="none", metavar="KIND",
@@ -190,7 +205,7 @@ def load_kwargs(args: argparse.Namespace) -> dict:
     return {"memory_budget": args.memory_budget, "threads": args.threads, "engine": args.engine,
             "context_length": args.context_length, "strategy": args.strategy, "activations": args.activations,
             "kv_cache": args.kv_cache, "sparsity": args.sparsity, "window": args.window,
-            "head_shortlist": args.head_shortlist, "speculative": args.speculative}
+            "head_shortlist": args.head_shortlist, "speculative": args.speculative, "neuron_chunk": args.neuron_chunk}
 
 
 def warn_without_chat_template(model: Any) -> None:

@@ -66,3 +66,23 @@ def test_neuron_cache_window_keeps_neurons_and_reads_less(tiny_bundle_dir, promp
     assert runs[0]["neuron_cache_hit_rate"] < runs[4]["neuron_cache_hit_rate"]
     assert runs[4]["neurons_loaded"] < runs[0]["neurons_loaded"]
     assert runs[4]["neuron_bytes_read"] < runs[0]["neuron_bytes_read"]
+
+
+def test_chunk_aware_selection_reads_whole_chunks(tiny_bundle_dir, prompt_ids):
+    from edgeflash.runtime.bundle import load_bundle
+
+    source = load_bundle(tiny_bundle_dir)
+    layout, spec = source.info["bundle"], source.spec
+    stride = min(layout.arena_block(i).arena.stride for i in range(spec.n_layers))
+    chunk_bytes = max(4096, spec.d_ff * stride // 8)  # eight chunks or so an arena
+    model, _ = smallest_load(tiny_bundle_dir, sparsity=0.5, window=4, ffn_fallback=False, neuron_chunk=chunk_bytes)
+    s = model.generate(prompt_ids, max_tokens=8).stats
+    chunk = s["neuron_chunk_neurons"]
+    assert chunk == -(-chunk_bytes // stride)
+    # every read is a whole chunk or several merged (the arena's last chunk may be shorter)
+    assert s["neuron_read_median_bytes"] >= chunk_bytes
+    # a token takes the resident neurons and half of all chunks (rounded), no more
+    n_chunks = -(-spec.d_ff // chunk)
+    most = max(s["resident_neurons"], int(0.5 * n_chunks + 0.5) * chunk) / spec.d_ff
+    assert 0 < s["predicted_active_fraction"] <= most + 1e-3  # (the statistic is rounded)
+    assert s["neurons_loaded"] > 0

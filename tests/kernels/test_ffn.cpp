@@ -114,7 +114,12 @@ void test_ffn() {
       ef::matmul_rows(ef::WeightMatrix{a.bytes.data(), a.bytes.size(), cb.g, n_slots, dm, a.view.stride}, slots.data(),
                       slots.size(), x.data(), 1, g.data());
       std::vector<float> mags;
-      for (float v : g) mags.push_back(std::fabs(v));
+      // the kernel tests |act(gate . x)| (CATS), not |gate . x|
+      auto act_mag = [&](float v) {
+        return std::fabs(kind == ef::Activation::silu ? v / (1.0f + std::exp(-v))
+                                                      : 0.5f * v * (1.0f + std::tanh(0.7978845608f * (v + 0.044715f * v * v * v))));
+      };
+      for (float v : g) mags.push_back(act_mag(v));
       std::sort(mags.begin(), mags.end());
       size_t gap = mags.size() / 2;  // threshold in the middle of a clear gap near the median
       for (size_t i = mags.size() / 3; i + 1 < 2 * mags.size() / 3; ++i)
@@ -122,7 +127,7 @@ void test_ffn() {
       const float thr = 0.5f * (mags[gap] + mags[gap + 1]);
       std::vector<int32_t> kept;
       for (size_t i = 0; i < slots.size(); ++i)
-        if (std::fabs(g[i]) >= thr) kept.push_back(slots[i]);
+        if (act_mag(g[i]) >= thr) kept.push_back(slots[i]);
       expect(!kept.empty() && kept.size() < slots.size(), "ffn_sparse threshold test keeps a proper subset");
       const auto with_thr = run(a, x, 1, slots, kind, &thr);
       const auto subset = run(a, x, 1, kept, kind, nullptr);

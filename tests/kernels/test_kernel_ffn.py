@@ -34,9 +34,10 @@ def test_ffn_sparse_matches_dense_numpy(fmts, act, isa, threads, rng):
     quantized = K.format_info(fmts[0]).quantized
     assert np.max(np.abs(got - want) / mag) < (5e-2 if quantized else 1e-5)
 
-    # thresholds: skipping neurons whose |gate . x| is small == keeping only the others
-    thr = np.full(1, np.median(np.abs(x[:1] @ gq[slots].T)), dtype=np.float32)
-    keep = slots[np.abs(x[0] @ gq[slots].T) >= thr[0]]
+    # thresholds: skipping neurons whose |act(gate . x)| is small == keeping only the others
+    mags = np.abs(_act(x[0] @ gq[slots].T.astype(np.float64), act))
+    thr = np.full(1, np.median(mags), dtype=np.float32)
+    keep = slots[mags >= thr[0]]
     sparse = K.ffn_sparse(arena, x[:1], slots, d_model=d_model, gate_fmt=fmts[0], up_fmt=fmts[1], down_fmt=fmts[2],
                           act=act, thresholds=thr)
     h1 = _act(x[:1] @ gq[keep].T.astype(np.float64), act) * (x[:1] @ uq[keep].T)

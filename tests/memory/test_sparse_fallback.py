@@ -50,11 +50,12 @@ def test_measured_tokens_per_second_decide_over_the_estimate():
 
 @pytest.mark.parametrize("fixture", ["smol_bundle", "gemma_bundle"])
 @pytest.mark.parametrize("fraction", [0.4, 0.6, 1.5])
-def test_planner_falls_back_to_exact_flash_where_sparse_loses(fixture, fraction, request, profile_home):
+@pytest.mark.parametrize("neuron_chunk", [0, 65536])
+def test_planner_falls_back_to_exact_flash_where_sparse_loses(fixture, fraction, neuron_chunk, request, profile_home):
     bundle = request.getfixturevalue(fixture)
     budget = int(exact_bytes(bundle) * fraction)
     exact = ef.load(bundle, memory_budget=budget, context_length=256).generate(PROMPT, max_tokens=12)
-    m = ef.load(bundle, memory_budget=budget, context_length=256, sparsity=0.5, window=4)
+    m = ef.load(bundle, memory_budget=budget, context_length=256, sparsity=0.5, window=4, neuron_chunk=neuron_chunk)
     r = m.generate(PROMPT, max_tokens=12)
     notes = m.engine.weights.plan.notes
     if fraction >= 1:  # every weight resident: exact flash reads nothing, so sparse must fall back
@@ -116,6 +117,7 @@ AUTO_MEASURING_OVERSHOOTS = pytest.mark.xfail(strict=False, reason="auto's measu
 
 @pytest.mark.parametrize("options", [{"sparsity": 0.5, "window": 4, "ffn_fallback": False},
                                      {"sparsity": 0.3, "window": 0, "ffn_fallback": False},
+                                     {"sparsity": 0.5, "window": 4, "ffn_fallback": False, "neuron_chunk": 65536},
                                      pytest.param({"sparsity": "auto"}, marks=AUTO_MEASURING_OVERSHOOTS)])
 @pytest.mark.parametrize("fraction", [0.4, 0.6])
 def test_peak_rss_inside_the_budget_in_sparse_and_auto_runs(smol_bundle, options, fraction, profile_home):

@@ -106,6 +106,11 @@ def test_bad_speculative_kind(smol_bundle):
                           "'bogus'", "lookup", "draft:PATH")
 
 
+def test_bad_neuron_chunk(tmp_path):
+    assert_one_line_error(run_cli("generate", "-m", str(tmp_path / "any"), "-p", "hi", "--neuron-chunk", "lots"),
+                          "--neuron-chunk", "'lots'", "expected a size")
+
+
 def test_help_explains_generate():
     proc = run_cli("generate", "--help")
     assert proc.returncode == 0

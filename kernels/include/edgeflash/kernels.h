@@ -115,7 +115,7 @@ struct NeuronArena {
 size_t bundle_bytes(Format gate, Format up, Format down, int64_t d_model);
 
 // out[t] (+)= sum_{s in slots} act(gate_s . x_t) * (up_s . x_t) * down_s      x, out: [n_tok, d_model]
-// With thresholds ([n_tok]), neuron s is skipped for token t when |gate_s . x_t| < thresholds[t].
+// With thresholds ([n_tok]), neuron s is skipped for token t when |act(gate_s . x_t)| < thresholds[t].
 void ffn_sparse(const NeuronArena& arena, const float* x, int64_t n_tok, const int32_t* slots, int64_t n_active,
                 Activation act, const float* thresholds, float* out, bool accumulate = false);
 
