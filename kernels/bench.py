@@ -50,7 +50,7 @@ def random_weights(fmt: str, rows: int, cols: int, rng: np.random.Generator) -> 
         body[:, :, off], body[:, :, off + 1] = scale[0], scale[1]
     if fmt == "q4_lut":
         w[:, :4] = np.frombuffer(np.float32(0.001).tobytes(), np.uint8)
-        w[:, 20:32] = 0
+        body[:, :, 0] = 1  # block scale codes
     return w
 
 

@@ -75,12 +75,17 @@ def dequantize_raw(raw: np.ndarray, fmt: str, cols: int) -> np.ndarray:
 
 
 def _dequantize_q4_lut(raw: np.ndarray, cols: int) -> np.ndarray:
-    # Row header: f32 scale, 16 int8 levels, 12 pad bytes; then 16-byte blocks of 32 nibbles
-    # (byte j: element j in the low nibble, element j + 16 in the high nibble).
-    rows = raw.shape[0]
-    scale = raw[:, 0:4].copy().view(np.float32)  # [rows, 1]
+    # Row header: f32 scale s, 16 int8 levels; then 17-byte blocks: a code k (the block's scale is
+    # s * k^2, computed in float32 as the kernels do) and 16 bytes of 32 nibbles (byte j: element j
+    # in the low nibble, element j + 16 in the high nibble).
+    rows, nb = raw.shape[0], cols // 32
+    scale = raw[:, 0:4].copy().view("<f4")  # [rows, 1]
     levels = raw[:, 4:20].view(np.int8).astype(np.float32)  # [rows, 16]
-    blocks = raw[:, 32:].reshape(rows, cols // 32, 16)
-    idx = np.concatenate([blocks & 0x0F, blocks >> 4], axis=2).reshape(rows, cols)  # [rows, cols]
-    return np.take_along_axis(levels, idx.astype(np.intp), axis=1) * scale
+    blocks = raw[:, 20:].reshape(rows, nb, 17)
+    k = blocks[:, :, 0].astype(np.float32)
+    d = scale * (k * k)  # [rows, nb]
+    q = blocks[:, :, 1:]
+    idx = np.concatenate([q & 0x0F, q >> 4], axis=2).reshape(rows, cols)  # [rows, cols]
+    values = np.take_along_axis(levels, idx.astype(np.intp), axis=1).reshape(rows, nb, 32)
+    return (values * d[:, :, None]).reshape(rows, cols)
 

@@ -131,6 +131,11 @@ def quantize_threads(n: int) -> Iterator[None]:
         _threads = before
 
 
+def quantize_thread_count() -> int:
+    """Threads a quantizer may use for the row chunks of one matrix (set by `quantize_threads`)."""
+    return _threads
+
+
 def by_row_chunks(values: np.ndarray, importance: np.ndarray | None, block: int,
                   fn: Callable[[np.ndarray, np.ndarray], np.ndarray]) -> np.ndarray:
     """Apply `fn(x [n, 32], w [n, 32]) -> packed [n_blocks_of_row_chunk, bytes]` over row chunks of

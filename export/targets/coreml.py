@@ -4,9 +4,7 @@ and `decode` sharing their weights and the KV-cache states.
 Weights keep the quantize stage's numbers through Core ML's own compression ops:
 - q4_0 / q8_0: torchao weight-only tensors in the torch graph, which coremltools turns into
   `constexpr_blockwise_shift_scale` (int4 / int8 codes, one scale per 32 values);
-- q4_lut: 16 levels per row, turned into `constexpr_lut_to_dense` by palettizing exactly the
-  matrices whose rows have at most 16 distinct values ("unique" mode: the palette is the row's
-  own levels, nothing is re-clustered).
+- q4_lut is not taken: its per-block scales make a row's values more than one 16-entry palette.
 
 Activations compute in float32: the residual stream of both reference models exceeds float16
 (Gemma 3 270M reaches |x| ~ 1e5 and SmolLM2's RMSNorm sums of squares ~ 5e8 on Shakespeare),
@@ -28,13 +26,13 @@ from edgeflash.export.targets.graph import ChunkGraph, DenseLinear, example_inpu
 from edgeflash.export.targets.prepare import PreparedModel
 from edgeflash.export.targets.weights import TargetWeight
 
-FORMATS = ("f32", "f16", "bf16", "q8_0", "q4_0", "q4_lut")
+FORMATS = ("f32", "f16", "bf16", "q8_0", "q4_0")
 KV_MODES = ("state", "io")
 DEFAULT_KV = "state"
 STATIC_SHAPES = True
 EXTENSION = ".mlpackage"
-WEIGHT_FORM = ("q4_0 / q8_0 -> constexpr_blockwise_shift_scale (int4 / int8, one float16 scale per 32 values), "
-               "q4_lut -> constexpr_lut_to_dense (4-bit palette per row); float32 compute, float16 states")
+WEIGHT_FORM = ("q4_0 / q8_0 -> constexpr_blockwise_shift_scale (int4 / int8, one float16 scale per 32 values); "
+               "float32 compute, float16 states")
 
 
 def methods(prefill_tokens: int) -> dict[str, dict[str, int]]:
@@ -42,7 +40,7 @@ def methods(prefill_tokens: int) -> dict[str, dict[str, int]]:
 
 
 def adapt(w: TargetWeight) -> TargetWeight:
-    """Scales and palettes as Core ML stores them (float16)."""
+    """Scales as Core ML stores them (float16)."""
     if w.kind == "dense":
         return w
     return TargetWeight(w.name, w.role, w.kind, w.shape, codes=w.codes,
@@ -50,11 +48,10 @@ def adapt(w: TargetWeight) -> TargetWeight:
 
 
 class CoreMLOps(TorchaoOps):
-    """int4/int8 as weight-only torchao tensors (no activation quantization on Core ML);
-    palettized matrices as their dense values, compressed after conversion."""
+    """int4/int8 as weight-only torchao tensors (no activation quantization on Core ML)."""
 
     def linear(self, w: TargetWeight, bias: TargetWeight | None):
-        if w.kind in ("dense", "lut4"):
+        if w.kind == "dense":
             return DenseLinear(w, bias)
         rows, cols = w.shape
         layer = torch.nn.Linear(cols, rows, bias=bias is not None)
@@ -62,13 +59,6 @@ class CoreMLOps(TorchaoOps):
         if bias is not None:
             layer.bias = torch.nn.Parameter(torch.from_numpy(bias.values().copy()), requires_grad=False)
         return layer
-
-    def embedding(self, w: TargetWeight):
-        if w.kind == "lut4":
-            from edgeflash.export.targets.graph import DenseEmbedding
-
-            return DenseEmbedding(w)
-        return super().embedding(w)
 
 
 def write_chunk(prepared: PreparedModel, chunk: Chunk, out_dir: Path, *, kv: str, cache_len: int,
@@ -80,11 +70,10 @@ def write_chunk(prepared: PreparedModel, chunk: Chunk, out_dir: Path, *, kv: str
                        cache_len=cache_len, kv=kv, ops=CoreMLOps(), cache_write="one_hot").eval()
     inputs, outputs = chunk_io(spec, chunk, kv, cache_len)
     path = out_dir / f"chunk{chunk.index}{EXTENSION}"
-    palettized = any(prepared.weights[n].kind == "lut4" for n in _chunk_tensors(prepared, chunk))
     with tempfile.TemporaryDirectory(dir=out_dir) as tmp:
         descriptor = ct.utils.MultiFunctionDescriptor()
         for name, tokens in (("prefill", prefill_tokens), ("decode", 1)):
-            model = _convert(graph, tokens, [i["name"] for i in inputs], [o["name"] for o in outputs], palettized)
+            model = _convert(graph, tokens, [i["name"] for i in inputs], [o["name"] for o in outputs])
             single = Path(tmp) / f"{name}.mlpackage"
             model.save(str(single))
             descriptor.add_function(str(single), src_function_name="main", target_function_name=name)
@@ -96,24 +85,13 @@ def write_chunk(prepared: PreparedModel, chunk: Chunk, out_dir: Path, *, kv: str
             "weights_bytes": info["weights_bytes"], "ops": info["ops"], "states": info["states"]}
 
 
-def _chunk_tensors(prepared: PreparedModel, chunk: Chunk) -> list[str]:
-    names = [n for n in prepared.weights if any(n.startswith(f"blk.{i}.") for i in chunk.layers)]
-    if chunk.first:
-        names.append("token_embd.weight")
-    if chunk.last:
-        names += [n for n in ("output.weight", "token_embd.weight") if n in prepared.weights]
-    return names
-
-
-def _convert(graph: ChunkGraph, tokens: int, input_names: list[str], output_names: list[str], palettized: bool):
+def _convert(graph: ChunkGraph, tokens: int, input_names: list[str], output_names: list[str]):
     import coremltools as ct
 
     with torch.no_grad():
         exported = torch.export.export(graph, example_inputs(graph, tokens), strict=False).run_decompositions({})
     model = ct.convert(exported, minimum_deployment_target=ct.target.iOS18,
                        compute_precision=ct.precision.FLOAT32, skip_model_load=True)
-    if palettized:
-        model = _palettize(model)
     spec = model.get_spec()
     # The converter names inputs after the forward's parameters (x, input_pos, rest_0...).
     for old, new in zip([i.name for i in spec.description.input], input_names):
@@ -121,23 +99,6 @@ def _convert(graph: ChunkGraph, tokens: int, input_names: list[str], output_name
     for old, new in zip([o.name for o in spec.description.output], output_names):
         ct.utils.rename_feature(spec, old, new, rename_inputs=False)
     return ct.models.MLModel(spec, weights_dir=model.weights_dir, skip_model_load=True)
-
-
-def _palettize(model):
-    """Exact palettes for the matrices that are q4_lut (rows of at most 16 distinct values)."""
-    from coremltools.optimize.coreml import OpPalettizerConfig, OptimizationConfig, palettize_weights
-
-    config = OptimizationConfig(global_config=OpPalettizerConfig(
-        mode="unique", nbits=4, granularity="per_grouped_channel", group_size=1, weight_threshold=2048,
-        op_selector=_is_palette_matrix))
-    return palettize_weights(model, config)
-
-
-def _is_palette_matrix(op) -> bool:
-    value = op.outputs[0].val
-    if value is None or np.ndim(value) != 2:
-        return False
-    return all(len(np.unique(row)) <= 16 for row in value)
 
 
 def describe_package(path: Path) -> dict[str, object]:

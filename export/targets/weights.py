@@ -6,7 +6,6 @@ GGML-layout tensors; this module unpacks the layouts a target can hold exactly:
 - q4_0 -> int4 codes in [-8, 7], one scale per 32 values (symmetric, no offset);
 - q8_0 -> int8 codes in [-127, 127], one scale per 32 values;
 - f32 / f16 / bf16 -> dense values (f16 and bf16 keep their rounding);
-- q4_lut -> 16 levels per row (a palette), only for targets that hold palettes (Core ML).
 
 Every other format (q4_1, q5_0, q4_k, ...) has no exact counterpart in the targets' own
 quantization, so it is refused with one line naming the tensor and the formats that work.
@@ -30,30 +29,28 @@ GROUP = FORMATS["q4_0"].block_elems  # values per scale of q4_0 / q8_0 (both 32)
 class TargetWeight:
     name: str
     role: str
-    kind: str  # "dense" | "int4" | "int8" | "lut4"
+    kind: str  # "dense" | "int4" | "int8"
     shape: tuple[int, ...]
     dense: np.ndarray | None = None  # float32 in `shape` (kind "dense")
     dense_format: str = "f32"  # the rounding the dense values carry: f32, f16 or bf16
-    codes: np.ndarray | None = None  # int8 [rows, cols]: int4/int8 codes, or palette indices 0..15 (lut4)
-    scales: np.ndarray | None = None  # float32 [rows, cols // GROUP] (int4/int8) or [rows, 16] palette (lut4)
+    codes: np.ndarray | None = None  # int8 [rows, cols]: int4/int8 codes
+    scales: np.ndarray | None = None  # float32 [rows, cols // GROUP]
 
     @property
     def bits(self) -> int:
-        return {"int4": 4, "lut4": 4, "int8": 8}.get(self.kind, 32)
+        return {"int4": 4, "int8": 8}.get(self.kind, 32)
 
     def values(self) -> np.ndarray:
         """float32 values the target computes with, in `shape`."""
         if self.kind == "dense":
             return self.dense
-        if self.kind == "lut4":
-            return np.take_along_axis(self.scales, self.codes.astype(np.intp), axis=1).reshape(self.shape)
         rows, cols = self.codes.shape
         grouped = self.codes.reshape(rows, cols // GROUP, GROUP).astype(np.float32)  # [rows, groups, 32]
         return (grouped * self.scales[:, :, None]).reshape(self.shape)
 
     @property
     def stored_bytes(self) -> int:
-        """Bytes of the packed form (codes at their bit width plus float16 scales or palettes)."""
+        """Bytes of the packed form (codes at their bit width plus float16 scales)."""
         if self.kind == "dense":
             return int(np.prod(self.shape)) * (2 if self.dense_format in ("f16", "bf16") else 4)
         return self.codes.size * self.bits // 8 + self.scales.size * 2
@@ -75,9 +72,6 @@ def unpack(t: Tensor, role: str, allowed: tuple[str, ...], target: str) -> Targe
     if fmt == "q8_0":
         codes, scales = _unpack_q8_0(raw, t.cols)
         return TargetWeight(t.name, role, "int8", t.shape, codes=codes, scales=scales)
-    if fmt == "q4_lut":
-        codes, palette = _unpack_q4_lut(raw, t.cols)
-        return TargetWeight(t.name, role, "lut4", t.shape, codes=codes, scales=palette)
     raise UserError(f"target {target}: no unpacking for format {fmt} of tensor {t.name}")
 
 
@@ -100,17 +94,6 @@ def _unpack_q8_0(raw: np.ndarray, cols: int) -> tuple[np.ndarray, np.ndarray]:
     scales = blocks[:, :, :2].copy().view(np.float16)[:, :, 0].astype(np.float32)
     codes = blocks[:, :, 2:].copy().view(np.int8).reshape(rows, cols)
     return codes, scales
-
-
-def _unpack_q4_lut(raw: np.ndarray, cols: int) -> tuple[np.ndarray, np.ndarray]:
-    # Row header: f32 scale, 16 int8 levels, 12 pad bytes; then 16-byte blocks of 32 nibbles
-    # (byte j: element j in the low nibble, element j + 16 in the high nibble).
-    rows = raw.shape[0]
-    scale = raw[:, 0:4].copy().view(np.float32)  # [rows, 1]
-    palette = raw[:, 4:20].view(np.int8).astype(np.float32) * scale  # [rows, 16]
-    blocks = raw[:, 32:].reshape(rows, cols // 32, 16)
-    codes = np.concatenate([blocks & 0x0F, blocks >> 4], axis=2).reshape(rows, cols).astype(np.int8)
-    return codes, palette.astype(np.float32)
 
 
 def as_source_tensor(w: TargetWeight) -> Tensor:

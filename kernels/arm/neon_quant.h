@@ -123,8 +123,9 @@ struct Q6_K {
   }
 };
 
+// Row header: f32 scale, 16 int8 levels; block: scale code k (value scale = scale * k^2), 16 bytes.
 struct Q4_LUT {
-  static constexpr int kBlockElems = 32, kBlockBytes = 16, kHeader = 32, kUnits = 1;
+  static constexpr int kBlockElems = 32, kBlockBytes = 17, kHeader = 20, kUnits = 1;
   static constexpr bool kSigned = true, kSplit = false, kHasB = false;
   static inline RowCtx row(const uint8_t* r) {
     RowCtx c;
@@ -134,9 +135,10 @@ struct Q4_LUT {
   }
   template <int P, class E>
   static inline void block(const uint8_t* p, const RowCtx& ctx, E& e) {
-    const uint8x16_t q = vld1q_u8(p);
-    e.template unit<P>(vqtbl1q_s8(ctx.lut, vandq_u8(q, vdupq_n_u8(15))), vqtbl1q_s8(ctx.lut, vshrq_n_u8(q, 4)), ctx.scale,
-                       ctx.scale, 0.0f, 0.0f);
+    const uint8x16_t q = vld1q_u8(p + 1);
+    const float k = static_cast<float>(p[0]), d = ctx.scale * (k * k);
+    e.template unit<P>(vqtbl1q_s8(ctx.lut, vandq_u8(q, vdupq_n_u8(15))), vqtbl1q_s8(ctx.lut, vshrq_n_u8(q, 4)), d, d,
+                       0.0f, 0.0f);
   }
 };
 

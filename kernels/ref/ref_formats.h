@@ -110,10 +110,12 @@ void for_each_unit(Format f, const uint8_t* row, int64_t cols, Fn&& fn) {
     case Format::q4_lut: {
       const float scale = load_f32(row);
       const int8_t* levels = reinterpret_cast<const int8_t*>(row + 4);
-      row += 32;
-      for (int64_t b = 0; b < n_units; ++b, row += 16) {
-        for (int k = 0; k < 16; ++k) u.c[k] = levels[row[k] & 15], u.c[k + 16] = levels[row[k] >> 4];
-        u.o = 0, u.a[0] = u.a[1] = scale, u.b[0] = u.b[1] = 0.0f;
+      row += 20;
+      for (int64_t b = 0; b < n_units; ++b, row += 17) {
+        const uint8_t* q = row + 1;
+        for (int k = 0; k < 16; ++k) u.c[k] = levels[q[k] & 15], u.c[k + 16] = levels[q[k] >> 4];
+        const float code = static_cast<float>(row[0]);
+        u.o = 0, u.a[0] = u.a[1] = scale * (code * code), u.b[0] = u.b[1] = 0.0f;
         fn(u);
       }
       break;

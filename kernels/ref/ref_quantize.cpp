@@ -81,57 +81,104 @@ void quantize_q5_0(const float* x, int64_t cols, uint8_t* out) {
   }
 }
 
-// Per row: levels = 16 k-means centroids of x / scale (scale = max|x| / 127), snapped to int8.
-// 1-D k-means on the sorted values: every cluster is a contiguous run, so Lloyd steps are cheap.
+// q4_lut per row (docs/weight-formats.md): 16 int8 levels, f32 scale s, per block of 32 a code k
+// with block scale s * k^2. Levels = 16 centroids of a 1-D k-means over the block-normalized
+// values (x / (max|block| / 127), each weighted by its block scale squared: its share of the
+// error in x), snapped to int8 with the largest at 127; each block's scale is the least-squares
+// one of the best of a few candidates, then rounded to s * k^2. The exporter's weighted fit
+// (edgeflash.export.quant.q4_lut) does the same with importance weights and a second round.
 void quantize_q4_lut(const float* x, int64_t cols, uint8_t* out) {
-  float amax = 0.0f;
-  for (int64_t i = 0; i < cols; ++i) amax = std::max(amax, std::fabs(x[i]));
-  const float scale = amax > 0.0f ? amax / 127.0f : 1.0f;
-  std::vector<float> v(static_cast<size_t>(cols));
-  for (int64_t i = 0; i < cols; ++i) v[i] = x[i] / scale;
-  std::vector<float> sorted(v);
-  std::sort(sorted.begin(), sorted.end());
-  std::vector<double> prefix(sorted.size() + 1, 0.0);
-  for (size_t i = 0; i < sorted.size(); ++i) prefix[i + 1] = prefix[i] + sorted[i];
+  const int64_t nb = cols / 32;
+  std::vector<double> a(static_cast<size_t>(nb)), amaxes(static_cast<size_t>(nb));
+  std::vector<std::pair<double, double>> vw(static_cast<size_t>(cols));  // (normalized value, weight)
+  for (int64_t b = 0; b < nb; ++b) {
+    float m = 0.0f;
+    for (int k = 0; k < 32; ++k) m = std::max(m, std::fabs(x[32 * b + k]));
+    amaxes[b] = m;
+    a[b] = m > 0.0f ? m / 127.0 : 1.0;
+    for (int k = 0; k < 32; ++k) vw[32 * b + k] = {x[32 * b + k] / a[b], a[b] * a[b]};
+  }
+  std::sort(vw.begin(), vw.end());
+  std::vector<double> cw(vw.size() + 1, 0.0), cwv(vw.size() + 1, 0.0);
+  for (size_t i = 0; i < vw.size(); ++i) {
+    cw[i + 1] = cw[i] + vw[i].second;
+    cwv[i + 1] = cwv[i] + vw[i].second * vw[i].first;
+  }
   double cent[16];
-  for (int k = 0; k < 16; ++k) cent[k] = sorted[static_cast<size_t>((2 * k + 1) * cols / 32)];
-  for (int iter = 0; iter < 30; ++iter) {
+  for (int k = 0; k < 16; ++k) {  // weighted (2k + 1) / 32 quantiles
+    const double target = cw.back() * (2 * k + 1) / 32.0;
+    const size_t pos = static_cast<size_t>(std::lower_bound(cw.begin() + 1, cw.end(), target) - cw.begin() - 1);
+    cent[k] = vw[std::min(pos, vw.size() - 1)].first;
+  }
+  for (int iter = 0; iter < 20; ++iter) {
     size_t begin = 0;
     bool moved = false;
     for (int k = 0; k < 16; ++k) {
-      size_t end = sorted.size();
+      size_t end = vw.size();
       if (k < 15) {
         const double boundary = 0.5 * (cent[k] + cent[k + 1]);
-        end = static_cast<size_t>(std::upper_bound(sorted.begin() + begin, sorted.end(), boundary) - sorted.begin());
+        end = static_cast<size_t>(std::upper_bound(vw.begin() + begin, vw.end(), std::make_pair(boundary, 1e300)) -
+                                  vw.begin());
       }
-      if (end > begin) {
-        const double mean = (prefix[end] - prefix[begin]) / static_cast<double>(end - begin);
-        moved |= std::fabs(mean - cent[k]) > 1e-4;
+      if (cw[end] > cw[begin]) {
+        const double mean = (cwv[end] - cwv[begin]) / (cw[end] - cw[begin]);
+        moved |= std::fabs(mean - cent[k]) > 0.02;
         cent[k] = mean;
       }
       begin = end;
     }
     if (!moved) break;
   }
+  double top = 0.0;
+  for (double c : cent) top = std::max(top, std::fabs(c));
   int8_t levels[16];
-  for (int k = 0; k < 16; ++k) levels[k] = static_cast<int8_t>(std::clamp(std::lround(cent[k]), -127L, 127L));
-  std::memcpy(out, &scale, 4);
-  std::memcpy(out + 4, levels, 16);
-  std::memset(out + 20, 0, 12);
-  uint8_t* blocks = out + 32;
-  auto nearest = [&](float val) {
+  for (int k = 0; k < 16; ++k)
+    levels[k] = static_cast<int8_t>(std::clamp(std::lround(top > 0 ? cent[k] * 127.0 / top : 0.0), -127L, 127L));
+  std::sort(levels, levels + 16);
+  auto nearest = [&](double val) {
     int best = 0;
-    float err = std::fabs(val - levels[0]);
+    double err = std::fabs(val - levels[0]);
     for (int k = 1; k < 16; ++k) {
-      const float e = std::fabs(val - levels[k]);
+      const double e = std::fabs(val - levels[k]);
       if (e < err) err = e, best = k;
     }
     return best;
   };
-  for (int64_t b = 0; b < cols / 32; ++b) {
+  static const double kSteps[] = {0.9, 0.95, 1.0, 1.05, 1.1, 1.18};
+  std::vector<double> d(static_cast<size_t>(nb), 0.0);
+  double dmax = 0.0;
+  for (int64_t b = 0; b < nb; ++b) {
+    const float* xb = x + 32 * b;
+    const double amax = amaxes[b];
+    if (amax == 0.0) continue;
+    double best_gain = -1.0;
+    for (double step : kSteps) {
+      const double cand = amax / (127.0 * step);
+      double sxl = 0.0, sll = 0.0;
+      for (int k = 0; k < 32; ++k) {
+        const double l = levels[nearest(xb[k] / cand)];
+        sxl += xb[k] * l, sll += l * l;
+      }
+      const double dd = sll > 0.0 ? sxl / sll : 0.0;
+      const double gain = dd > 0.0 ? sxl * dd : 0.0;
+      if (gain > best_gain) best_gain = gain, d[b] = std::max(dd, 0.0);
+    }
+    dmax = std::max(dmax, d[b]);
+  }
+  const float scale = dmax > 0.0 ? static_cast<float>(dmax / (255.0 * 255.0)) : 1.0f;
+  std::memcpy(out, &scale, 4);
+  std::memcpy(out + 4, levels, 16);
+  uint8_t* blocks = out + 20;
+  for (int64_t b = 0; b < nb; ++b, blocks += 17) {
+    const double r = d[b] / scale;
+    const double lo = std::clamp(std::floor(std::sqrt(r)), 0.0, 255.0), hi = std::min(lo + 1.0, 255.0);
+    const int code = static_cast<int>(std::fabs(hi * hi - r) < std::fabs(r - lo * lo) ? hi : lo);
+    const float fc = static_cast<float>(code), db = scale * (fc * fc);
+    blocks[0] = static_cast<uint8_t>(code);
     for (int j = 0; j < 16; ++j) {
-      const int lo = nearest(v[32 * b + j]), hi = nearest(v[32 * b + j + 16]);
-      blocks[16 * b + j] = static_cast<uint8_t>(lo | (hi << 4));
+      const int lo_i = db > 0.0f ? nearest(x[32 * b + j] / db) : 0;
+      const int hi_i = db > 0.0f ? nearest(x[32 * b + j + 16] / db) : 0;
+      blocks[1 + j] = static_cast<uint8_t>(lo_i | (hi_i << 4));
     }
   }
 }

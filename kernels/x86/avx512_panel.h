@@ -345,21 +345,28 @@ struct PQ8_0 {
   }
 };
 
-// Row layout only: each row has its own 16-level table.
+// Row layout only: each row has its own 16-level table and f32 scale; a block's scale is the
+// row's times the square of its code byte.
 struct PQ4_LUT {
-  static constexpr int kBB = 16, kHeader = 32, kStepUnits = 1, kSV = 1, kShift = 7;
+  static constexpr int kBB = 17, kHeader = 20, kStepUnits = 1, kSV = 1, kShift = 7;
   static constexpr bool kFloatBias = false, kSplit = false;
-  static EF_INLINE void scales(const RowSource& S, int64_t, int64_t nu, float* tab) {
+  static EF_INLINE void scales(const RowSource& S, int64_t u0, int64_t nu, float* tab) {
     alignas(64) float s[kPanelRows];
     for (int i = 0; i < kPanelRows; ++i) std::memcpy(&s[i], S.P.p[i], 4);
     const __m512 a = _mm512_load_ps(s);
-    for (int64_t u = 0; u < nu; ++u) _mm512_store_ps(tab + u * kPanelRows, a);
+    alignas(64) float k[kPanelRows];
+    for (int64_t u = 0; u < nu; ++u) {
+      const size_t off = kHeader + static_cast<size_t>(u0 + u) * kBB;
+      for (int i = 0; i < kPanelRows; ++i) k[i] = static_cast<float>(S.P.p[i][off]);
+      const __m512 kv = _mm512_load_ps(k);
+      _mm512_store_ps(tab + u * kPanelRows, _mm512_mul_ps(a, _mm512_mul_ps(kv, kv)));
+    }
   }
   static EF_INLINE void codes(const RowSource& S, int64_t u, __m512i w[][8]) {
     // Each row has its own 16-level table, so the codes are looked up row by row (two rows per
     // 256-bit shuffle, one table per 128-bit lane) before the transpose.
     const Panel& P = S.P;
-    const size_t off = kHeader + static_cast<size_t>(u) * kBB;
+    const size_t off = kHeader + static_cast<size_t>(u) * kBB + 1;
     const __m256i m = _mm256_set1_epi8(0x0F);
     __m512i r[8];
     for (int k = 0; k < 8; ++k) {

@@ -131,8 +131,9 @@ struct Q6_K {
   }
 };
 
+// Row header: f32 scale, 16 int8 levels; block: scale code k (value scale = scale * k^2), 16 bytes.
 struct Q4_LUT {
-  static constexpr int kBlockElems = 32, kBlockBytes = 16, kHeader = 32, kUnits = 1;
+  static constexpr int kBlockElems = 32, kBlockBytes = 17, kHeader = 20, kUnits = 1;
   static constexpr bool kSigned = true, kSplit = false, kHasB = false;
   static inline RowCtx row(const uint8_t* r) {
     RowCtx c;
@@ -142,7 +143,8 @@ struct Q4_LUT {
   }
   template <int P, class E>
   static inline void block(const uint8_t* p, const RowCtx& ctx, E& e) {
-    e.template unit<P>(_mm256_shuffle_epi8(ctx.lut, nibbles16(p)), ctx.scale, ctx.scale, 0.0f, 0.0f);
+    const float k = static_cast<float>(p[0]), d = ctx.scale * (k * k);
+    e.template unit<P>(_mm256_shuffle_epi8(ctx.lut, nibbles16(p + 1)), d, d, 0.0f, 0.0f);
   }
 };
 

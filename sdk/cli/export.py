@@ -25,8 +25,7 @@ schemes: keep, f16, q8_0, q4_0, q4_0-rtn, q4_1, q4_1-rtn, q5_0, q4_k, q4_lut, q4
   or mixed:ROLE=FORMAT[/METHOD][@GROUP],... with roles embedding, head, attention, ffn, norm, *
 
 targets: bundle (default), executorch (.pte, XNNPACK), onnx (.onnx, onnxruntime),
-  coreml (.mlpackage); the last three take q4_0, q8_0, f16, f32 (coreml also q4_lut) or a
-  mixed: scheme of them, --chunks, --cache-len, --prefill-tokens and --kv (pip install
+  coreml (.mlpackage); the last three take q4_0, q8_0, f16, f32 or a mixed: scheme of them, --chunks, --cache-len, --prefill-tokens and --kv (pip install
   'edgeflash[backends]'); executorch also --et-activations f32 (exact, weight-only)
 
 examples:

@@ -34,15 +34,17 @@ def test_quantize_f16_f32():
 def test_q4_lut_layout_matches_the_documented_spec(rng):
     w = _matrix(rng, 5, 96)
     q = K.quantize(w, "q4_lut")
-    assert q.shape == (5, 32 + 96 // 32 * 16)
+    assert q.shape == (5, 20 + 96 // 32 * 17)
     # Decode by the spec in docs/weight-formats.md, independently of the kernels.
     scale = q[:, :4].copy().view("<f4")[:, 0]
     levels = q[:, 4:20].view(np.int8).astype(np.float32)
-    assert not q[:, 20:32].any(), "header padding must be zero"
-    blocks = q[:, 32:].reshape(5, 3, 16)
-    idx = np.concatenate([blocks & 15, blocks >> 4], axis=2).reshape(5, 96)
-    decoded = scale[:, None] * np.take_along_axis(levels, idx.astype(np.int64), axis=1)
+    blocks = q[:, 20:].reshape(5, 3, 17)
+    k = blocks[:, :, 0].astype(np.float32)
+    block_scale = np.repeat(scale[:, None] * (k * k), 32, axis=1)  # [5, 96]
+    idx = np.concatenate([blocks[:, :, 1:] & 15, blocks[:, :, 1:] >> 4], axis=2).reshape(5, 96)
+    decoded = block_scale * np.take_along_axis(levels, idx.astype(np.int64), axis=1)
     np.testing.assert_array_equal(K.dequantize(q, "q4_lut", 96), decoded)
+    assert not decoded[0, :32].any(), "an all-zero block decodes to zeros"
     # 16 k-means levels per row beat 16 uniform levels (q4_0) on Gaussian weights
     err_lut = np.sqrt(np.mean((decoded - w) ** 2))
     err_q4 = np.sqrt(np.mean((K.dequantize(K.quantize(w, "q4_0"), "q4_0", 96) - w) ** 2))

@@ -91,10 +91,10 @@ std::vector<uint8_t> random_weights(ef::Format f, int64_t rows, int64_t cols) {
       continue;
     }
     if (f == ef::Format::q4_lut) {
-      const float s = sc(rng()) * 0.05f;
+      const float s = sc(rng()) * 0.05f / 32.0f;  // block scales s * k^2 with codes k in 1..8
       std::memcpy(row, &s, 4);
-      std::memset(row + 20, 0, 12);
-      row += 32;
+      row += 20;
+      for (int64_t b = 0; b < cols / 32; ++b) row[b * 17] = static_cast<uint8_t>(1 + rng()() % 8);
     }
     for (int64_t b = 0; b < cols / info.block_elems; ++b) {
       uint8_t* blk = row + b * info.block_bytes;
