@@ -121,8 +121,17 @@ void ffn_sparse(const NeuronArena& arena, const float* x, int64_t n_tok, const i
 
 // ---------------------------------------------------------------- attention over a KV cache
 
-// K and V are each [n_kv_heads, capacity, kv_row_bytes(fmt, head_dim)] bytes, fmt f16 or q8_0.
+// K and V are each kv_cache_bytes(fmt, n_kv_heads, capacity, head_dim) bytes.
 // slot_pos[capacity] holds the position stored in each slot (-1 = empty): a ring buffer works.
+//   f16, q8_0: [n_kv_heads, capacity, kv_row_bytes(fmt, head_dim)], one vector per slot.
+//   kivi2 (KIVI, 2 bits): per KV head, a 2-bit store of `capacity` slots then an f16 ring of
+//     kv_recent_slots(capacity) vectors. Keys are quantized per channel over blocks of kKiviGroup
+//     consecutive positions (a block: f16 scale[hd], f16 min[hd], then 8 bytes of codes per
+//     channel), values per token in groups of kKiviGroup channels (format kivi2 rows). A position
+//     enters the f16 ring; its block moves to the store (is sealed) once the newest position
+//     written is at least kKiviRecent past the block's last. Position p lives in slot
+//     p % capacity (capacity a multiple of kKiviGroup); `sealed` holds the first position that is
+//     not in the store.
 struct KvCache {
   uint8_t* k = nullptr;
   uint8_t* v = nullptr;
@@ -130,8 +139,18 @@ struct KvCache {
   Format fmt = Format::f16;
   int64_t n_kv_heads = 0, capacity = 0, head_dim = 0;
   int32_t* slot_pos = nullptr;
+  int64_t* sealed = nullptr;  // kivi2 only
 };
-size_t kv_row_bytes(Format fmt, int64_t head_dim);
+constexpr int64_t kKiviGroup = 32;   // positions per key block, channels per value group
+constexpr int64_t kKiviRecent = 64;  // the newest positions a query sees in f16 (at least this many)
+size_t kv_row_bytes(Format fmt, int64_t head_dim);  // f16 and q8_0
+// Slots a cache of `fmt` keeps for `slots` wanted (kivi2 rounds up to whole key blocks).
+int64_t kv_capacity(Format fmt, int64_t slots);
+// Bytes of each of K and V: the one count the engine allocates and its memory plan uses.
+size_t kv_cache_bytes(Format fmt, int64_t n_kv_heads, int64_t capacity, int64_t head_dim);
+int64_t kv_recent_slots(int64_t capacity);  // kivi2: f16 vectors per KV head
+// The keys and values attention reads, as f32 [n_kv_heads, capacity, head_dim] (zeros for empty slots).
+void kv_read(const KvCache& cache, float* k, float* v);
 
 struct AttentionArgs {
   const float* q = nullptr;        // [n_q, n_heads, head_dim]
@@ -148,6 +167,8 @@ struct AttentionArgs {
 // A query that sees no key gets a zero output row.
 void attention(const KvCache& cache, const AttentionArgs& args);
 // Stores k, v ([n, n_kv_heads, head_dim] f32) into slots[n] and sets slot_pos[slots[i]] = positions[i].
+// kivi2: slots[i] must be positions[i] % capacity, positions at or past `sealed`, and a block is
+// sealed only once all its positions were written.
 void kv_write(const KvCache& cache, const float* k, const float* v, int64_t n, const int32_t* slots,
               const int32_t* positions);
 
