@@ -6,13 +6,14 @@ head_dim/32 GGML q8_0 blocks per vector), plus slot_pos int32 [capacity]: the po
 each slot, -1 when empty. Slots need not be in position order, so a sliding-window layer can
 keep a ring buffer of `window` slots.
 
-Format kivi2 (KIVI's 2-bit cache) keeps K and V as uint8 [n_kv_heads, bytes per head] and one
-more array, `sealed` (int64 [1]): keys are quantized per channel over blocks of KIVI_GROUP
-consecutive positions, values per position in groups of KIVI_GROUP channels (4 levels: an f16
-scale and minimum per group), and the newest positions stay in f16 until they are at least
-KIVI_RECENT older than the newest one written. Position p must go to slot p % capacity
-(capacity a multiple of KIVI_GROUP); `sealed` is the first position not yet in the 2-bit store.
-The byte layout is in kernels/include/edgeflash/kernels.h.
+Format kivi2 (KIVI's 2-bit cache) keeps K and V as uint8 [n_kv_heads, bytes per head] (K larger
+than V) and one more array, `sealed` (int64 [1]). Keys are quantized per channel, an f16 scale
+and minimum per KIVI["key_group"] consecutive positions; values per position, an f16 scale and
+minimum per KIVI["group"] channels; 2-bit codes (4 levels). Positions stay in f16 until a write
+starts KIVI["recent"] positions past their block of KIVI["group"]; the first block stays in f16
+(the attention sink). Position p must go to slot p % capacity (capacity a multiple of
+KIVI["group"]); `sealed` is the first position not yet moved out of the f16 ring. The byte
+layout is in kernels/include/edgeflash/kernels.h.
 """
 
 from __future__ import annotations
@@ -21,16 +22,19 @@ import numpy as np
 
 from . import _native
 from ._arrays import array, index_array, out_array, writable
-from .formats import kv_cache_bytes, kv_row_bytes
+from .formats import kv_cache_bytes, kv_key_bytes, kv_row_bytes
 
-KIVI_GROUP, KIVI_RECENT = _native.kivi_constants()
+KIVI: dict[str, int] = dict(_native.kivi_constants())  # group, key_group, recent, max_write
 
 
 def new_kv_cache(n_kv_heads: int, capacity: int, head_dim: int, fmt: str = "f16") -> tuple[np.ndarray, ...]:
     """Empty (k, v, slot_pos) for one layer; kivi2 adds `sealed`: (k, v, slot_pos, sealed)."""
     if fmt == "kivi2":
-        k = np.zeros((n_kv_heads, kv_cache_bytes(fmt, n_kv_heads, capacity, head_dim) // n_kv_heads), dtype=np.uint8)
-        return k, np.zeros_like(k), np.full(capacity, -1, dtype=np.int32), np.zeros(1, dtype=np.int64)
+        k_bytes = kv_key_bytes(fmt, n_kv_heads, capacity, head_dim)
+        v_bytes = kv_cache_bytes(fmt, n_kv_heads, capacity, head_dim) - k_bytes
+        return (np.zeros((n_kv_heads, k_bytes // n_kv_heads), dtype=np.uint8),
+                np.zeros((n_kv_heads, v_bytes // n_kv_heads), dtype=np.uint8),
+                np.full(capacity, -1, dtype=np.int32), np.zeros(1, dtype=np.int64))
     rb = kv_row_bytes(fmt, head_dim)
     if fmt == "f16":
         k = np.zeros((n_kv_heads, capacity, head_dim), dtype=np.float16)
@@ -70,14 +74,13 @@ def _kivi2_cache(k_cache: np.ndarray, v_cache: object, slot_pos: object, head_di
                  sealed: object) -> tuple[str, int, int, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     k = writable("k_cache", array("k_cache", k_cache, np.uint8, 2))
     v = writable("v_cache", array("v_cache", v_cache, np.uint8, 2))
-    if v.shape != k.shape:
-        raise ValueError(f"v_cache has shape {v.shape}, k_cache has {k.shape}")
     sp = writable("slot_pos", array("slot_pos", slot_pos, np.int32, 1))
     n_kv, cap = k.shape[0], sp.shape[0]
-    want = kv_cache_bytes("kivi2", n_kv, cap, head_dim)  # also checks head_dim and the capacity
-    if k.size != want:
-        raise ValueError(f"a kivi2 cache of {cap} slots for head_dim {head_dim} needs {want // n_kv} bytes per "
-                         f"KV head, got {k.shape[1]}")
+    want_k = kv_key_bytes("kivi2", n_kv, cap, head_dim)  # also checks head_dim and the capacity
+    want_v = kv_cache_bytes("kivi2", n_kv, cap, head_dim) - want_k
+    if k.size != want_k or v.shape != (n_kv, want_v // n_kv):
+        raise ValueError(f"a kivi2 cache of {cap} slots for head_dim {head_dim} needs K {(n_kv, want_k // n_kv)} "
+                         f"and V {(n_kv, want_v // n_kv)} bytes, got {k.shape} and {v.shape}")
     s = writable("sealed", array("sealed", sealed, np.int64, 1))
     if s.shape != (1,):
         raise ValueError(f"sealed must have shape (1,), got {s.shape}")

@@ -105,7 +105,14 @@ def kv_capacity(fmt: str, slots: int) -> int:
 
 
 def kv_cache_bytes(fmt: str, n_kv_heads: int, capacity: int, head_dim: int) -> int:
-    """Bytes of each of a layer's K and V caches (the count the engine allocates and plans with)."""
+    """Bytes of a layer's K and V caches together (the count the engine allocates and plans with)."""
     if fmt not in KV_FORMATS:
         raise ValueError(f"KV cache format must be one of {', '.join(KV_FORMATS)}, got {fmt!r}")
     return int(_native.kv_cache_bytes(fmt, int(n_kv_heads), int(capacity), int(head_dim)))
+
+
+def kv_key_bytes(fmt: str, n_kv_heads: int, capacity: int, head_dim: int) -> int:
+    """Bytes of a layer's K cache (kv_cache_bytes minus those of V)."""
+    if fmt not in KV_FORMATS:
+        raise ValueError(f"KV cache format must be one of {', '.join(KV_FORMATS)}, got {fmt!r}")
+    return int(_native.kv_key_bytes(fmt, int(n_kv_heads), int(capacity), int(head_dim)))

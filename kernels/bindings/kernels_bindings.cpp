@@ -28,10 +28,10 @@ ef::WeightMatrix weights(const In& w, const std::string& fmt, int64_t rows, int6
 
 ef::KvCache cache(const Out& k, const Out& v, const std::string& fmt, int64_t n_kv, int64_t cap, int64_t hd,
                   const Out& slot_pos, const std::optional<Out>& sealed) {
-  if (nbytes(k) != nbytes(v)) throw ef::KernelError("k_cache and v_cache differ in size");
+  if (!sealed && nbytes(k) != nbytes(v)) throw ef::KernelError("k_cache and v_cache differ in size");
   return ef::KvCache{const_cast<uint8_t*>(bytes(k, "k_cache")), const_cast<uint8_t*>(bytes(v, "v_cache")), nbytes(k),
                      fmt_of(fmt), n_kv, cap, hd, ptr<int32_t>(slot_pos, static_cast<size_t>(cap), "slot_pos"),
-                     sealed ? ptr<int64_t>(*sealed, 1, "sealed") : nullptr};
+                     sealed ? ptr<int64_t>(*sealed, 1, "sealed") : nullptr, nbytes(v)};
 }
 
 }  // namespace
@@ -86,8 +86,16 @@ void ef::bind_kernels(nb::module_& m) {
   m.def("kv_cache_bytes", [](const std::string& fmt, int64_t n_kv, int64_t cap, int64_t hd) {
     return ef::kv_cache_bytes(fmt_of(fmt), n_kv, cap, hd);
   });
+  m.def("kv_key_bytes", [](const std::string& fmt, int64_t n_kv, int64_t cap, int64_t hd) {
+    return ef::kv_key_bytes(fmt_of(fmt), n_kv, cap, hd);
+  });
   m.def("kv_recent_slots", &ef::kv_recent_slots);
-  m.def("kivi_constants", [] { return std::make_pair(ef::kKiviGroup, ef::kKiviRecent); });
+  m.def("kivi_constants", [] {
+    nb::dict d;
+    d["group"] = ef::kKiviGroup, d["key_group"] = ef::kKiviKeyGroup, d["recent"] = ef::kKiviRecent;
+    d["max_write"] = ef::kKiviMaxWrite;
+    return d;
+  });
 
   // ---- linear
   m.def("matmul", [](In w, const std::string& fmt, int64_t rows, int64_t cols, size_t stride, In x, int64_t n,

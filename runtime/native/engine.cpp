@@ -31,6 +31,7 @@ KvCache Engine::LayerCache::view() {
   c.k = k.data();
   c.v = v.data();
   c.size_bytes = k.size();
+  c.v_size_bytes = v.size();
   c.capacity = capacity;
   c.slot_pos = slot_pos.data();
   c.sealed = &sealed;
@@ -89,7 +90,7 @@ EngineMemory plan_memory(const ModelShape& shape, const std::vector<LayerShape>&
   const BufferSizes z = buffer_sizes(shape, layers, options);
   EngineMemory m;
   for (size_t l = 0; l < z.kv_capacity.size(); ++l)
-    m.kv_cache += 2 * z.kv_bytes[l] + static_cast<size_t>(z.kv_capacity[l]) * sizeof(int32_t);
+    m.kv_cache += z.kv_bytes[l] + static_cast<size_t>(z.kv_capacity[l]) * sizeof(int32_t);
   // x, h, sel: [b, d_model]; q, attn: [b, q]; k, v: [b, kv]; gate, up: [b, d_ff]; slots: [b] int32
   const int64_t floats = 3 * z.x + 2 * z.q + 2 * z.kv + 2 * z.ffn + z.act2 + z.out2 + z.head_part;
   m.activations = static_cast<size_t>(floats) * sizeof(float) + static_cast<size_t>(z.mask) + z.quantized_acts +
@@ -118,8 +119,8 @@ Engine::Engine(const ModelShape& shape, std::vector<LayerShape> layers, const En
     LayerCache c;
     const int64_t cap = z.kv_capacity[l];
     c.capacity = cap;
-    c.k.assign(z.kv_bytes[l], 0);
-    c.v.assign(c.k.size(), 0);
+    c.k.assign(kv_key_bytes(options_.kv_format, shape_.n_kv_heads, cap, shape_.head_dim), 0);
+    c.v.assign(z.kv_bytes[l] - c.k.size(), 0);
     c.slot_pos.assign(static_cast<size_t>(cap), -1);
     caches_.push_back(std::move(c));
   }

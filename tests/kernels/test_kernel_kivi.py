@@ -1,6 +1,7 @@
-"""The kivi2 KV cache (KIVI's 2-bit keys per channel, values per token, the newest positions in f16)
-against a numpy implementation of the same quantization: what attention reads must match it bit
-for bit, and attention over the cache must equal f16 attention over those values."""
+"""The kivi2 KV cache (KIVI's 2-bit keys per channel, values per token, the newest positions and
+the first block in f16) against a numpy implementation of the same quantization: what attention
+reads must match it bit for bit, and attention over the cache must equal f16 attention over
+those values."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import edgeflash.kernels as K
 import numpy as np
 import pytest
 
-G, R = K.KIVI_GROUP, K.KIVI_RECENT
+G, GK, R, W = (K.KIVI[k] for k in ("group", "key_group", "recent", "max_write"))
 
 
 def _quantize_groups(x: np.ndarray) -> np.ndarray:
@@ -22,17 +23,22 @@ def _quantize_groups(x: np.ndarray) -> np.ndarray:
     return (m + d * q).astype(np.float16)
 
 
-def _expected(keys: np.ndarray, values: np.ndarray, cap: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, int]:
-    """keys, values: [P, n_kv, hd] float32 written at positions 0..P-1 -> the slots' f32 keys and
-    values [n_kv, cap, hd], slot_pos and the sealed position."""
+def _expected(keys: np.ndarray, values: np.ndarray, cap: int,
+              batch: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, int]:
+    """keys, values: [P, n_kv, hd] float32 written at positions 0..P-1, `batch` per call -> the
+    slots' f32 keys and values [n_kv, cap, hd], slot_pos and the sealed position."""
     P, n_kv, hd = keys.shape
-    sealed = max(0, (P - R) // G * G)
+    # Blocks ending R or more before a run's first position are sealed when the run is written
+    # (a run: W positions of one call); block 0 goes to the f16 sink.
+    last_run = max(p0 + r for p0 in range(0, P, batch) for r in range(0, min(batch, P - p0), W))
+    sealed = max(0, (last_run - R) // G * G)
     k16, v16 = keys.astype(np.float16).astype(np.float32), values.astype(np.float16).astype(np.float32)
     kq, vq = k16.astype(np.float16), v16.astype(np.float16)
-    if sealed:
-        kb = k16[:sealed].reshape(sealed // G, G, n_kv, hd).transpose(0, 2, 3, 1)  # [blocks, n_kv, hd, G]
-        kq[:sealed] = _quantize_groups(kb).transpose(0, 3, 1, 2).reshape(sealed, n_kv, hd)
-        vq[:sealed] = _quantize_groups(v16[:sealed].reshape(sealed, n_kv, hd // G, G)).reshape(sealed, n_kv, hd)
+    if sealed > G:
+        n = sealed - G
+        kb = k16[G:sealed].reshape(n // GK, GK, n_kv, hd).transpose(0, 2, 3, 1)  # [groups, n_kv, hd, GK]
+        kq[G:sealed] = _quantize_groups(kb).transpose(0, 3, 1, 2).reshape(n, n_kv, hd)
+        vq[G:sealed] = _quantize_groups(v16[G:sealed].reshape(n, n_kv, hd // G, G)).reshape(n, n_kv, hd)
     kf, vf = np.zeros((n_kv, cap, hd), np.float32), np.zeros((n_kv, cap, hd), np.float32)
     slot_pos = np.full(cap, -1, np.int32)
     for p in range(max(0, P - cap), P):
@@ -54,13 +60,15 @@ def _fill(n_kv: int, cap: int, hd: int, P: int, batch: int, rng: np.random.Gener
 
 @pytest.mark.parametrize("n_kv,cap,hd,P,batch", [
     (1, 256, 256, 200, 64),   # Gemma-like head_dim, prefill chunks, no wrap
-    (3, 128, 64, 300, 7),     # GQA, a ring buffer that wraps (a sliding layer)
+    (3, 160, 64, 400, 7),     # GQA, a ring buffer that wraps (a sliding layer)
     (2, 96, 128, 50, 1),      # decode one at a time, nothing old enough to seal yet
-    (2, 160, 32, 160, 16),    # exactly full
+    (2, 224, 32, 224, 16),    # exactly full
+    (1, 320, 64, 300, 1),     # decode one at a time
 ])
 def test_kivi2_reads_match_numpy_exactly(isa, n_kv, cap, hd, P, batch, rng):
     cache, keys, values = _fill(n_kv, cap, hd, P, batch, rng)
-    kf, vf, slot_pos, sealed = _expected(keys, values, cap)
+    kf, vf, slot_pos, sealed = _expected(keys, values, cap, batch)
+    assert sealed > G or P < 2 * G + R  # the cases reach the 2-bit store where they can
     assert int(cache[3][0]) == sealed
     np.testing.assert_array_equal(cache[2], slot_pos)
     got_k, got_v = K.kv_read(*cache[:3], hd, sealed=cache[3])
@@ -84,11 +92,12 @@ def test_kivi2_attention_is_f16_attention_over_its_values(isa, threads, n_kv, n_
     np.testing.assert_array_equal(got, want)
 
 
-def test_kivi2_memory_is_under_a_third_of_f16():
-    # Per KV head: 2-bit store of every slot (3/16 of f16) plus an f16 ring of R + G vectors.
+def test_kivi2_memory_is_under_0_3x_f16_at_long_contexts():
+    # Per position: keys 2 bits + an f16 scale and minimum per 16 (4 bits), values 2 bits + the
+    # same per 32 (3 bits); per KV head the sink and the ring: G + R + G + W f16 vectors.
     for cap, hd in [(2048, 64), (4096, 128), (576, 256)]:
         ratio = K.kv_cache_bytes("kivi2", 2, cap, hd) / K.kv_cache_bytes("f16", 2, cap, hd)
-        assert ratio == pytest.approx(3 / 16 + min(R + G, cap) / cap)
+        assert ratio == pytest.approx((4 + 3) / 32 + (G + min(R + G + W, cap)) / cap)
     assert K.kv_cache_bytes("kivi2", 2, 2048, 64) < 0.3 * K.kv_cache_bytes("f16", 2, 2048, 64)
 
 
@@ -98,7 +107,7 @@ def test_kivi2_rejects_what_it_cannot_hold():
     with pytest.raises(ValueError, match="in slot 5, got slot 6"):
         K.kv_write(k, v, sp, x, x, [6], [5], sealed=sealed)
     with pytest.raises(ValueError, match="never written"):  # a gap: block 0 cannot be sealed
-        K.kv_write(k, v, sp, x, x, [R + G - 1], [R + G - 1], sealed=sealed)
+        K.kv_write(k, v, sp, x, x, [R + G], [R + G], sealed=sealed)
     with pytest.raises(ValueError, match="multiple of 32"):
         K.new_kv_cache(1, 100, 64, "kivi2")
     with pytest.raises(ValueError, match="multiple of 32"):

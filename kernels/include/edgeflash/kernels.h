@@ -121,34 +121,40 @@ void ffn_sparse(const NeuronArena& arena, const float* x, int64_t n_tok, const i
 
 // ---------------------------------------------------------------- attention over a KV cache
 
-// K and V are each kv_cache_bytes(fmt, n_kv_heads, capacity, head_dim) bytes.
+// K and V take kv_key_bytes and kv_value_bytes (together kv_cache_bytes) for these arguments.
 // slot_pos[capacity] holds the position stored in each slot (-1 = empty): a ring buffer works.
-//   f16, q8_0: [n_kv_heads, capacity, kv_row_bytes(fmt, head_dim)], one vector per slot.
-//   kivi2 (KIVI, 2 bits): per KV head, a 2-bit store of `capacity` slots then an f16 ring of
-//     kv_recent_slots(capacity) vectors. Keys are quantized per channel over blocks of kKiviGroup
-//     consecutive positions (a block: f16 scale[hd], f16 min[hd], then 8 bytes of codes per
-//     channel), values per token in groups of kKiviGroup channels (format kivi2 rows). A position
-//     enters the f16 ring; its block moves to the store (is sealed) once the newest position
-//     written is at least kKiviRecent past the block's last. Position p lives in slot
-//     p % capacity (capacity a multiple of kKiviGroup); `sealed` holds the first position that is
-//     not in the store.
+//   f16, q8_0: K and V are each [n_kv_heads, capacity, kv_row_bytes(fmt, head_dim)], a vector per slot.
+//   kivi2 (KIVI, 2-bit codes): per KV head, a 2-bit store of `capacity` slots, then f16 vectors: the
+//     sink (positions 0..kKiviGroup-1) and a ring of kv_recent_slots(capacity). Keys are quantized
+//     per channel, a scale and minimum per kKiviKeyGroup positions (blocks of kKiviGroup
+//     positions: f16 scales [hd][2], f16 minimums [hd][2], then 8 bytes of codes per channel);
+//     values per position in groups of kKiviGroup channels (format kivi2 rows: f16 scale, f16
+//     minimum, 8 bytes of codes). A position enters the ring; its block moves to the store (is
+//     sealed) once a write starts kKiviRecent positions past the block's last; block 0 moves to
+//     the sink instead. Position p lives in slot p % capacity (capacity a multiple of kKiviGroup);
+//     `sealed` holds the first position not yet moved.
 struct KvCache {
   uint8_t* k = nullptr;
   uint8_t* v = nullptr;
-  size_t size_bytes = 0;  // of each of k and v
+  size_t size_bytes = 0;  // of k, and of v unless v_size_bytes is set
   Format fmt = Format::f16;
   int64_t n_kv_heads = 0, capacity = 0, head_dim = 0;
   int32_t* slot_pos = nullptr;
   int64_t* sealed = nullptr;  // kivi2 only
+  size_t v_size_bytes = 0;    // 0: size_bytes
 };
-constexpr int64_t kKiviGroup = 32;   // positions per key block, channels per value group
-constexpr int64_t kKiviRecent = 64;  // the newest positions a query sees in f16 (at least this many)
+constexpr int64_t kKiviGroup = 32;     // positions per block, channels per value group
+constexpr int64_t kKiviKeyGroup = 16;  // positions per key scale
+constexpr int64_t kKiviRecent = 64;    // positions before a decoded token it sees in f16 (at least)
+constexpr int64_t kKiviMaxWrite = 32;  // positions written as one run (the ring has room for them)
 size_t kv_row_bytes(Format fmt, int64_t head_dim);  // f16 and q8_0
-// Slots a cache of `fmt` keeps for `slots` wanted (kivi2 rounds up to whole key blocks).
+// Slots a cache of `fmt` keeps for `slots` wanted (kivi2 rounds up to whole blocks).
 int64_t kv_capacity(Format fmt, int64_t slots);
-// Bytes of each of K and V: the one count the engine allocates and its memory plan uses.
+// Bytes of K, of V and of both: the one count the engine allocates and its memory plan uses.
+size_t kv_key_bytes(Format fmt, int64_t n_kv_heads, int64_t capacity, int64_t head_dim);
+size_t kv_value_bytes(Format fmt, int64_t n_kv_heads, int64_t capacity, int64_t head_dim);
 size_t kv_cache_bytes(Format fmt, int64_t n_kv_heads, int64_t capacity, int64_t head_dim);
-int64_t kv_recent_slots(int64_t capacity);  // kivi2: f16 vectors per KV head
+int64_t kv_recent_slots(int64_t capacity);  // kivi2: f16 ring vectors per KV head
 // The keys and values attention reads, as f32 [n_kv_heads, capacity, head_dim] (zeros for empty slots).
 void kv_read(const KvCache& cache, float* k, float* v);
 
