@@ -27,11 +27,13 @@ from .formats import kv_cache_bytes, kv_key_bytes, kv_row_bytes
 KIVI: dict[str, int] = dict(_native.kivi_constants())  # group, key_group, recent, max_write
 
 
-def new_kv_cache(n_kv_heads: int, capacity: int, head_dim: int, fmt: str = "f16") -> tuple[np.ndarray, ...]:
-    """Empty (k, v, slot_pos) for one layer; kivi2 adds `sealed`: (k, v, slot_pos, sealed)."""
+def new_kv_cache(n_kv_heads: int, capacity: int, head_dim: int, fmt: str = "f16",
+                 wraps: bool = True) -> tuple[np.ndarray, ...]:
+    """Empty (k, v, slot_pos) for one layer; kivi2 adds `sealed`: (k, v, slot_pos, sealed), and
+    without `wraps` (positions stay below the capacity) needs no 2-bit store for its sink block."""
     if fmt == "kivi2":
-        k_bytes = kv_key_bytes(fmt, n_kv_heads, capacity, head_dim)
-        v_bytes = kv_cache_bytes(fmt, n_kv_heads, capacity, head_dim) - k_bytes
+        k_bytes = kv_key_bytes(fmt, n_kv_heads, capacity, head_dim, wraps)
+        v_bytes = kv_cache_bytes(fmt, n_kv_heads, capacity, head_dim, wraps) - k_bytes
         return (np.zeros((n_kv_heads, k_bytes // n_kv_heads), dtype=np.uint8),
                 np.zeros((n_kv_heads, v_bytes // n_kv_heads), dtype=np.uint8),
                 np.full(capacity, -1, dtype=np.int32), np.zeros(1, dtype=np.int64))
@@ -76,8 +78,9 @@ def _kivi2_cache(k_cache: np.ndarray, v_cache: object, slot_pos: object, head_di
     v = writable("v_cache", array("v_cache", v_cache, np.uint8, 2))
     sp = writable("slot_pos", array("slot_pos", slot_pos, np.int32, 1))
     n_kv, cap = k.shape[0], sp.shape[0]
-    want_k = kv_key_bytes("kivi2", n_kv, cap, head_dim)  # also checks head_dim and the capacity
-    want_v = kv_cache_bytes("kivi2", n_kv, cap, head_dim) - want_k
+    wraps = k.size != kv_key_bytes("kivi2", n_kv, cap, head_dim, False)  # also checks head_dim and the capacity
+    want_k = kv_key_bytes("kivi2", n_kv, cap, head_dim, wraps)
+    want_v = kv_cache_bytes("kivi2", n_kv, cap, head_dim, wraps) - want_k
     if k.size != want_k or v.shape != (n_kv, want_v // n_kv):
         raise ValueError(f"a kivi2 cache of {cap} slots for head_dim {head_dim} needs K {(n_kv, want_k // n_kv)} "
                          f"and V {(n_kv, want_v // n_kv)} bytes, got {k.shape} and {v.shape}")

@@ -104,15 +104,16 @@ def kv_capacity(fmt: str, slots: int) -> int:
     return int(_native.kv_capacity(fmt, int(slots)))
 
 
-def kv_cache_bytes(fmt: str, n_kv_heads: int, capacity: int, head_dim: int) -> int:
-    """Bytes of a layer's K and V caches together (the count the engine allocates and plans with)."""
+def kv_cache_bytes(fmt: str, n_kv_heads: int, capacity: int, head_dim: int, wraps: bool = True) -> int:
+    """Bytes of a layer's K and V caches together (the count the engine allocates and plans with).
+    `wraps`: positions may pass the capacity (a ring buffer); a kivi2 cache that never wraps is smaller."""
     if fmt not in KV_FORMATS:
         raise ValueError(f"KV cache format must be one of {', '.join(KV_FORMATS)}, got {fmt!r}")
-    return int(_native.kv_cache_bytes(fmt, int(n_kv_heads), int(capacity), int(head_dim)))
+    return int(_native.kv_cache_bytes(fmt, int(n_kv_heads), int(capacity), int(head_dim), bool(wraps)))
 
 
-def kv_key_bytes(fmt: str, n_kv_heads: int, capacity: int, head_dim: int) -> int:
+def kv_key_bytes(fmt: str, n_kv_heads: int, capacity: int, head_dim: int, wraps: bool = True) -> int:
     """Bytes of a layer's K cache (kv_cache_bytes minus those of V)."""
     if fmt not in KV_FORMATS:
         raise ValueError(f"KV cache format must be one of {', '.join(KV_FORMATS)}, got {fmt!r}")
-    return int(_native.kv_key_bytes(fmt, int(n_kv_heads), int(capacity), int(head_dim)))
+    return int(_native.kv_key_bytes(fmt, int(n_kv_heads), int(capacity), int(head_dim), bool(wraps)))

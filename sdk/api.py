@@ -67,6 +67,9 @@ class Model:
 
             if not hasattr(self.engine, "forward_tree"):
                 raise UserError(f"speculative decoding needs the native engine, not {self.engine.name!r}")
+            if getattr(self.engine, "kv_format", None) == "kivi2":
+                raise UserError(f"speculative = {kind!r}: a kivi2 KV cache does not verify token trees; load the "
+                                "model with kv_cache = 'f16' or 'q8_0' for speculative decoding")
             self._drafters[kind] = make_drafter(kind, self.engine)
         return self._drafters[kind]
 

@@ -29,9 +29,11 @@ ef::WeightMatrix weights(const In& w, const std::string& fmt, int64_t rows, int6
 ef::KvCache cache(const Out& k, const Out& v, const std::string& fmt, int64_t n_kv, int64_t cap, int64_t hd,
                   const Out& slot_pos, const std::optional<Out>& sealed) {
   if (!sealed && nbytes(k) != nbytes(v)) throw ef::KernelError("k_cache and v_cache differ in size");
+  // A kivi2 cache sized without a ring buffer says so by its size.
+  const bool wraps = !sealed || nbytes(k) != ef::kv_key_bytes(ef::Format::kivi2, n_kv, cap, hd, false);
   return ef::KvCache{const_cast<uint8_t*>(bytes(k, "k_cache")), const_cast<uint8_t*>(bytes(v, "v_cache")), nbytes(k),
                      fmt_of(fmt), n_kv, cap, hd, ptr<int32_t>(slot_pos, static_cast<size_t>(cap), "slot_pos"),
-                     sealed ? ptr<int64_t>(*sealed, 1, "sealed") : nullptr, nbytes(v)};
+                     sealed ? ptr<int64_t>(*sealed, 1, "sealed") : nullptr, nbytes(v), wraps};
 }
 
 }  // namespace
@@ -83,11 +85,11 @@ void ef::bind_kernels(nb::module_& m) {
   });
   m.def("kv_row_bytes", [](const std::string& fmt, int64_t hd) { return ef::kv_row_bytes(fmt_of(fmt), hd); });
   m.def("kv_capacity", [](const std::string& fmt, int64_t slots) { return ef::kv_capacity(fmt_of(fmt), slots); });
-  m.def("kv_cache_bytes", [](const std::string& fmt, int64_t n_kv, int64_t cap, int64_t hd) {
-    return ef::kv_cache_bytes(fmt_of(fmt), n_kv, cap, hd);
+  m.def("kv_cache_bytes", [](const std::string& fmt, int64_t n_kv, int64_t cap, int64_t hd, bool wraps) {
+    return ef::kv_cache_bytes(fmt_of(fmt), n_kv, cap, hd, wraps);
   });
-  m.def("kv_key_bytes", [](const std::string& fmt, int64_t n_kv, int64_t cap, int64_t hd) {
-    return ef::kv_key_bytes(fmt_of(fmt), n_kv, cap, hd);
+  m.def("kv_key_bytes", [](const std::string& fmt, int64_t n_kv, int64_t cap, int64_t hd, bool wraps) {
+    return ef::kv_key_bytes(fmt_of(fmt), n_kv, cap, hd, wraps);
   });
   m.def("kv_recent_slots", &ef::kv_recent_slots);
   m.def("kivi_constants", [] {

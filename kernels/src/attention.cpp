@@ -31,8 +31,8 @@ void check_cache(const KvCache& c, const char* what) {
   if (c.fmt != Format::f16 && c.fmt != Format::q8_0 && c.fmt != Format::kivi2)
     throw KernelError(std::string("KV cache format must be f16, q8_0 or kivi2, got ") + format_info(c.fmt).name);
   if (c.fmt == Format::kivi2) kivi::check(c, what);
-  const size_t need_k = kv_key_bytes(c.fmt, c.n_kv_heads, c.capacity, c.head_dim);
-  const size_t need_v = kv_value_bytes(c.fmt, c.n_kv_heads, c.capacity, c.head_dim);
+  const size_t need_k = kv_key_bytes(c.fmt, c.n_kv_heads, c.capacity, c.head_dim, c.wraps);
+  const size_t need_v = kv_value_bytes(c.fmt, c.n_kv_heads, c.capacity, c.head_dim, c.wraps);
   const size_t have_v = c.v_size_bytes ? c.v_size_bytes : c.size_bytes;
   if (c.size_bytes < need_k || have_v < need_v)
     throw KernelError(std::string(what) + ": KV cache buffers hold " + std::to_string(c.size_bytes) + " and " +

@@ -47,18 +47,23 @@ int code_at(const uint8_t* codes, int64_t i) { return (codes[i / 4] >> (2 * (i %
 
 // One KV head's part of K: [key store][sink][ring]; of V: [value store][sink][ring].
 // A key block (G positions): f16 scale [hd][kSub], f16 min [hd][kSub], codes [hd][G / 4].
+// A cache that never wraps has no store for block 0 (its positions stay in the sink).
 struct KiviLayout {
   int64_t hd, cap, recent;
+  bool wraps;
+  int64_t first() const { return wraps ? 0 : 1; }  // slot block of the store's first block
   size_t key_block() const { return static_cast<size_t>(hd) * (4 * kSub + G / 4); }
   size_t value_row() const { return static_cast<size_t>(hd / G) * kValueGroupBytes; }
-  size_t key_store() const { return static_cast<size_t>(cap / G) * key_block(); }
-  size_t value_store() const { return static_cast<size_t>(cap) * value_row(); }
+  size_t key_store() const { return static_cast<size_t>(cap / G - first()) * key_block(); }
+  size_t value_store() const { return static_cast<size_t>(cap - first() * G) * value_row(); }
   size_t f16_part() const { return static_cast<size_t>((G + recent) * hd) * 2; }  // sink and ring
   size_t key_head() const { return key_store() + f16_part(); }
   size_t value_head() const { return value_store() + f16_part(); }
 };
 
-KiviLayout layout(int64_t capacity, int64_t head_dim) { return {head_dim, capacity, kv_recent_slots(capacity)}; }
+KiviLayout layout(int64_t capacity, int64_t head_dim, bool wraps) {
+  return {head_dim, capacity, kv_recent_slots(capacity), wraps};
+}
 
 struct HeadView {  // one KV head: where its keys' and values' parts start
   const KvCache& c;
@@ -68,6 +73,8 @@ struct HeadView {  // one KV head: where its keys' and values' parts start
   uint8_t* value_store() const { return c.v + h * l.value_head(); }
   uint8_t* key_f16(int64_t i) const { return key_store() + l.key_store() + static_cast<size_t>(i * l.hd) * 2; }
   uint8_t* value_f16(int64_t i) const { return value_store() + l.value_store() + static_cast<size_t>(i * l.hd) * 2; }
+  uint8_t* key_block(int64_t slot) const { return key_store() + (slot / G - l.first()) * l.key_block(); }
+  uint8_t* value_row(int64_t slot) const { return value_store() + (slot - l.first() * G) * l.value_row(); }
   int64_t ring_index(int64_t p) const { return G + p % l.recent; }  // f16 vector index: the sink comes first
 };
 
@@ -77,7 +84,7 @@ void seal(const KvCache& c, const KiviLayout& l, int64_t s) {
     if (c.slot_pos[(s + t) % c.capacity] != s + t)
       throw KernelError("kv_write: a kivi2 cache seals whole blocks of positions, and position " +
                         std::to_string(s + t) + " was never written");
-  const int64_t hd = l.hd, block = (s % c.capacity) / G;
+  const int64_t hd = l.hd;
   std::vector<float> x(static_cast<size_t>(G * hd));
   for (int64_t h = 0; h < c.n_kv_heads; ++h) {
     const HeadView hv{c, l, h};
@@ -93,7 +100,7 @@ void seal(const KvCache& c, const KiviLayout& l, int64_t s) {
       const uint8_t* src = hv.key_f16(hv.ring_index(s + t));
       for (int64_t e = 0; e < hd; ++e) x[t * hd + e] = fp16_to_f32(load16(src + 2 * e));
     }
-    uint8_t* kb = hv.key_store() + block * l.key_block();
+    uint8_t* kb = hv.key_block(s % c.capacity);
     for (int64_t e = 0; e < hd; ++e)
       for (int64_t sub = 0; sub < kSub; ++sub) {
         uint16_t d, m;
@@ -104,7 +111,7 @@ void seal(const KvCache& c, const KiviLayout& l, int64_t s) {
     // Values: each position's vector in groups of G channels, in its own slot's row.
     for (int64_t t = 0; t < G; ++t) {
       const uint8_t* src = hv.value_f16(hv.ring_index(s + t));
-      uint8_t* row = hv.value_store() + ((s + t) % c.capacity) * l.value_row();
+      uint8_t* row = hv.value_row((s + t) % c.capacity);
       for (int64_t e = 0; e < hd; ++e) x[e] = fp16_to_f32(load16(src + 2 * e));
       for (int64_t g = 0; g < hd / G; ++g) {
         uint8_t* grp = row + g * kValueGroupBytes;
@@ -128,27 +135,29 @@ void check_shape(int64_t capacity, int64_t head_dim) {
 
 }  // namespace
 
-int64_t kv_recent_slots(int64_t capacity) { return std::min(kKiviRecent + G + kKiviMaxWrite, capacity); }
+// The ring holds every position not yet sealed: at most kKiviRecent + G - 1 before a run, plus the run.
+int64_t kv_recent_slots(int64_t capacity) { return std::min(kKiviRecent + G + kKiviMaxWrite - 1, capacity); }
 
 int64_t kv_capacity(Format fmt, int64_t slots) {
   if (fmt != Format::kivi2) return slots;
   return (slots + G - 1) / G * G;
 }
 
-size_t kv_key_bytes(Format fmt, int64_t n_kv_heads, int64_t capacity, int64_t head_dim) {
+size_t kv_key_bytes(Format fmt, int64_t n_kv_heads, int64_t capacity, int64_t head_dim, bool wraps) {
   if (fmt != Format::kivi2) return static_cast<size_t>(n_kv_heads * capacity) * kv_row_bytes(fmt, head_dim);
   check_shape(capacity, head_dim);
-  return static_cast<size_t>(n_kv_heads) * layout(capacity, head_dim).key_head();
+  return static_cast<size_t>(n_kv_heads) * layout(capacity, head_dim, wraps).key_head();
 }
 
-size_t kv_value_bytes(Format fmt, int64_t n_kv_heads, int64_t capacity, int64_t head_dim) {
-  if (fmt != Format::kivi2) return kv_key_bytes(fmt, n_kv_heads, capacity, head_dim);
+size_t kv_value_bytes(Format fmt, int64_t n_kv_heads, int64_t capacity, int64_t head_dim, bool wraps) {
+  if (fmt != Format::kivi2) return kv_key_bytes(fmt, n_kv_heads, capacity, head_dim, wraps);
   check_shape(capacity, head_dim);
-  return static_cast<size_t>(n_kv_heads) * layout(capacity, head_dim).value_head();
+  return static_cast<size_t>(n_kv_heads) * layout(capacity, head_dim, wraps).value_head();
 }
 
-size_t kv_cache_bytes(Format fmt, int64_t n_kv_heads, int64_t capacity, int64_t head_dim) {
-  return kv_key_bytes(fmt, n_kv_heads, capacity, head_dim) + kv_value_bytes(fmt, n_kv_heads, capacity, head_dim);
+size_t kv_cache_bytes(Format fmt, int64_t n_kv_heads, int64_t capacity, int64_t head_dim, bool wraps) {
+  return kv_key_bytes(fmt, n_kv_heads, capacity, head_dim, wraps) +
+         kv_value_bytes(fmt, n_kv_heads, capacity, head_dim, wraps);
 }
 
 namespace kivi {
@@ -161,7 +170,7 @@ void check(const KvCache& c, const char* what) {
 }
 
 void write(const KvCache& c, const float* k, const float* v, int64_t n, const int32_t* slots, const int32_t* positions) {
-  const KiviLayout l = layout(c.capacity, c.head_dim);
+  const KiviLayout l = layout(c.capacity, c.head_dim, c.wraps);
   const int64_t hd = l.hd;
   for (int64_t i = 0; i < n; ++i) {
     const int64_t p = positions[i];
@@ -171,9 +180,13 @@ void write(const KvCache& c, const float* k, const float* v, int64_t n, const in
     if (p < *c.sealed)
       throw KernelError("kv_write: position " + std::to_string(p) + " is already in the 2-bit store (sealed up to " +
                         std::to_string(*c.sealed) + ")");
-    if (p >= c.capacity && l.recent < kKiviRecent + G + kKiviMaxWrite)
+    if (p >= c.capacity && !c.wraps)
+      throw KernelError("kv_write: position " + std::to_string(p) + " is past this kivi2 cache's " +
+                        std::to_string(c.capacity) + " slots (made without a ring buffer)");
+    if (p >= c.capacity && l.recent < kKiviRecent + G + kKiviMaxWrite - 1)
       throw KernelError("kv_write: a kivi2 ring buffer needs a capacity of at least " +
-                        std::to_string(kKiviRecent + G + kKiviMaxWrite) + " slots, got " + std::to_string(c.capacity));
+                        std::to_string(kKiviRecent + G + kKiviMaxWrite - 1) + " slots, got " +
+                        std::to_string(c.capacity));
     // Blocks are sealed against the position before each run of kKiviMaxWrite written together, so
     // every query of a prefill batch sees at least the kKiviRecent - kKiviMaxWrite + 1 positions
     // before its run in f16 (a decoded token: kKiviRecent).
@@ -195,7 +208,7 @@ void write(const KvCache& c, const float* k, const float* v, int64_t n, const in
 }
 
 void rows_f16(const KvCache& c, int64_t g, int64_t j0, int64_t count, uint16_t* k, uint16_t* v) {
-  const KiviLayout l = layout(c.capacity, c.head_dim);
+  const KiviLayout l = layout(c.capacity, c.head_dim, c.wraps);
   const HeadView hv{c, l, g};
   const int64_t hd = l.hd;
   float kd[kMaxHeadDim * kSub], km[kMaxHeadDim * kSub];  // one key block's scales and minimums
@@ -213,7 +226,7 @@ void rows_f16(const KvCache& c, int64_t g, int64_t j0, int64_t count, uint16_t* 
       std::memcpy(vo, hv.value_f16(i), static_cast<size_t>(hd) * 2);
     } else {
       const int64_t block = j / G, t = j % G, sub = t / GK;
-      const uint8_t* kb = hv.key_store() + block * l.key_block();
+      const uint8_t* kb = hv.key_block(j);
       if (block != block_read) {
         for (int64_t e = 0; e < hd * kSub; ++e)
           kd[e] = fp16_to_f32(load16(kb + 2 * e)), km[e] = fp16_to_f32(load16(kb + 2 * kSub * hd + 2 * e));
@@ -222,7 +235,7 @@ void rows_f16(const KvCache& c, int64_t g, int64_t j0, int64_t count, uint16_t* 
       const uint8_t* codes = kb + 4 * kSub * hd;
       for (int64_t e = 0; e < hd; ++e)
         ko[e] = f32_to_fp16(km[e * kSub + sub] + kd[e * kSub + sub] * static_cast<float>(code_at(codes + e * (G / 4), t)));
-      const uint8_t* row = hv.value_store() + j * l.value_row();
+      const uint8_t* row = hv.value_row(j);
       for (int64_t gi = 0; gi < hd / G; ++gi) {
         const uint8_t* grp = row + gi * kValueGroupBytes;
         const float d = fp16_to_f32(load16(grp)), m = fp16_to_f32(load16(grp + 2));

@@ -35,6 +35,7 @@ KvCache Engine::LayerCache::view() {
   c.capacity = capacity;
   c.slot_pos = slot_pos.data();
   c.sealed = &sealed;
+  c.wraps = wraps;
   return c;
 }
 
@@ -67,7 +68,7 @@ BufferSizes buffer_sizes(const ModelShape& shape, const std::vector<LayerShape>&
     const int64_t cap = kv_capacity(options.kv_format, ls.window ? std::min(options.context, ls.window + b)
                                                                  : options.context);
     z.kv_capacity.push_back(cap);
-    z.kv_bytes.push_back(kv_cache_bytes(options.kv_format, shape.n_kv_heads, cap, shape.head_dim));
+    z.kv_bytes.push_back(kv_cache_bytes(options.kv_format, shape.n_kv_heads, cap, shape.head_dim, cap < options.context));
     max_capacity = std::max(max_capacity, cap);
   }
   z.x = b * shape.d_model;
@@ -119,7 +120,8 @@ Engine::Engine(const ModelShape& shape, std::vector<LayerShape> layers, const En
     LayerCache c;
     const int64_t cap = z.kv_capacity[l];
     c.capacity = cap;
-    c.k.assign(kv_key_bytes(options_.kv_format, shape_.n_kv_heads, cap, shape_.head_dim), 0);
+    c.wraps = cap < options_.context;
+    c.k.assign(kv_key_bytes(options_.kv_format, shape_.n_kv_heads, cap, shape_.head_dim, c.wraps), 0);
     c.v.assign(z.kv_bytes[l] - c.k.size(), 0);
     c.slot_pos.assign(static_cast<size_t>(cap), -1);
     caches_.push_back(std::move(c));

@@ -143,6 +143,7 @@ class Engine {
     std::vector<int32_t> slot_pos;
     int64_t capacity = 0;
     int64_t sealed = 0;  // kivi2: positions below are in the 2-bit store
+    bool wraps = true;   // a ring buffer (a sliding layer shorter than the context)
     KvCache view();
   };
 

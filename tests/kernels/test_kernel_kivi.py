@@ -47,7 +47,7 @@ def _expected(keys: np.ndarray, values: np.ndarray, cap: int,
 
 
 def _fill(n_kv: int, cap: int, hd: int, P: int, batch: int, rng: np.random.Generator):
-    cache = K.new_kv_cache(n_kv, cap, hd, "kivi2")
+    cache = K.new_kv_cache(n_kv, cap, hd, "kivi2", wraps=P > cap)
     # Keys with outlier channels (as real models have: the reason keys are quantized per channel).
     outliers = np.where(np.arange(hd) % 17 == 3, 20.0, 1.0).astype(np.float32)
     keys = rng.standard_normal((P, n_kv, hd)).astype(np.float32) * outliers
@@ -94,11 +94,14 @@ def test_kivi2_attention_is_f16_attention_over_its_values(isa, threads, n_kv, n_
 
 def test_kivi2_memory_is_under_0_3x_f16_at_long_contexts():
     # Per position: keys 2 bits + an f16 scale and minimum per 16 (4 bits), values 2 bits + the
-    # same per 32 (3 bits); per KV head the sink and the ring: G + R + G + W f16 vectors.
+    # same per 32 (3 bits); per KV head the sink and the ring: G + R + G + W - 1 f16 vectors; a
+    # cache that never wraps has no 2-bit store for the sink's block.
     for cap, hd in [(2048, 64), (4096, 128), (576, 256)]:
-        ratio = K.kv_cache_bytes("kivi2", 2, cap, hd) / K.kv_cache_bytes("f16", 2, cap, hd)
-        assert ratio == pytest.approx((4 + 3) / 32 + (G + min(R + G + W, cap)) / cap)
-    assert K.kv_cache_bytes("kivi2", 2, 2048, 64) < 0.3 * K.kv_cache_bytes("f16", 2, 2048, 64)
+        f16 = K.kv_cache_bytes("f16", 2, cap, hd)
+        ring = (G + min(R + G + W - 1, cap)) / cap
+        assert K.kv_cache_bytes("kivi2", 2, cap, hd) / f16 == pytest.approx((4 + 3) / 32 + ring)
+        assert K.kv_cache_bytes("kivi2", 2, cap, hd, wraps=False) / f16 == pytest.approx((4 + 3) / 32 * (cap - G) / cap + ring)
+    assert K.kv_cache_bytes("kivi2", 2, 2048, 64, wraps=False) < 0.3 * K.kv_cache_bytes("f16", 2, 2048, 64)
 
 
 def test_kivi2_rejects_what_it_cannot_hold():
@@ -108,6 +111,9 @@ def test_kivi2_rejects_what_it_cannot_hold():
         K.kv_write(k, v, sp, x, x, [6], [5], sealed=sealed)
     with pytest.raises(ValueError, match="never written"):  # a gap: block 0 cannot be sealed
         K.kv_write(k, v, sp, x, x, [R + G], [R + G], sealed=sealed)
+    k2, v2, sp2, sealed2 = K.new_kv_cache(1, 128, 64, "kivi2", wraps=False)
+    with pytest.raises(ValueError, match="without a ring buffer"):
+        K.kv_write(k2, v2, sp2, x, x, [0], [128], sealed=sealed2)
     with pytest.raises(ValueError, match="multiple of 32"):
         K.new_kv_cache(1, 100, 64, "kivi2")
     with pytest.raises(ValueError, match="multiple of 32"):

@@ -142,6 +142,7 @@ struct KvCache {
   int32_t* slot_pos = nullptr;
   int64_t* sealed = nullptr;  // kivi2 only
   size_t v_size_bytes = 0;    // 0: size_bytes
+  bool wraps = true;          // kivi2: positions may pass the capacity (a ring); if not, block 0 has no store
 };
 constexpr int64_t kKiviGroup = 32;     // positions per block, channels per value group
 constexpr int64_t kKiviKeyGroup = 16;  // positions per key scale
@@ -151,9 +152,9 @@ size_t kv_row_bytes(Format fmt, int64_t head_dim);  // f16 and q8_0
 // Slots a cache of `fmt` keeps for `slots` wanted (kivi2 rounds up to whole blocks).
 int64_t kv_capacity(Format fmt, int64_t slots);
 // Bytes of K, of V and of both: the one count the engine allocates and its memory plan uses.
-size_t kv_key_bytes(Format fmt, int64_t n_kv_heads, int64_t capacity, int64_t head_dim);
-size_t kv_value_bytes(Format fmt, int64_t n_kv_heads, int64_t capacity, int64_t head_dim);
-size_t kv_cache_bytes(Format fmt, int64_t n_kv_heads, int64_t capacity, int64_t head_dim);
+size_t kv_key_bytes(Format fmt, int64_t n_kv_heads, int64_t capacity, int64_t head_dim, bool wraps = true);
+size_t kv_value_bytes(Format fmt, int64_t n_kv_heads, int64_t capacity, int64_t head_dim, bool wraps = true);
+size_t kv_cache_bytes(Format fmt, int64_t n_kv_heads, int64_t capacity, int64_t head_dim, bool wraps = true);
 int64_t kv_recent_slots(int64_t capacity);  // kivi2: f16 ring vectors per KV head
 // The keys and values attention reads, as f32 [n_kv_heads, capacity, head_dim] (zeros for empty slots).
 void kv_read(const KvCache& cache, float* k, float* v);
