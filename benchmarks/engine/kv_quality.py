@@ -77,6 +77,7 @@ def main() -> None:
     p.add_argument("--formats", default="f16,kivi2")
     p.add_argument("--text", choices=["prose", "code"], default="prose")
     p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--plan-only", action="store_true", help="record the planned KV bytes only (no scoring)")
     args = p.parse_args()
 
     source = open_model(resolve_model(args.model), verify=False)
@@ -93,6 +94,12 @@ def main() -> None:
         for fmt in args.formats.split(","):
             options = engine_options(source.spec, context_length=n, max_batch=BATCH, kv_format=fmt)
             kv_bytes = engine_memory(source.spec, options).kv_cache
+            if args.plan_only:
+                append_result("kv-quality", {"run": run, "model": args.model, "config": f"context={n} kv={fmt}",
+                                             "metric": "kv_cache_bytes", "value": kv_bytes, "unit": "bytes",
+                                             "command": command, "notes": "planner only"})
+                print(f"  {args.model} N={n} {fmt}: KV {kv_bytes / 2**20:.2f} MiB")
+                continue
             engine = NativeEngine(source, threads=args.threads, options=options)
             assert engine.stats()["kv_cache_bytes"] == kv_bytes
             t0 = time.perf_counter()
@@ -111,6 +118,8 @@ def main() -> None:
             print(f"  {args.model} N={n} {fmt}: ppl {math.exp(mean):.4f} tail {math.exp(tail):.4f} "
                   f"KV {kv_bytes / 2**20:.2f} MiB ({scored} tokens, {seconds:.0f} s)", flush=True)
 
+    if args.plan_only:
+        return
     print(f"\n{args.model} ({args.text}), ratios to the f16 cache at the same context:")
     print(f"{'context':>8} {'kv':>6} {'ppl':>9} {'vs f16':>8} {'tail ppl':>9} {'vs f16':>8} {'KV MiB':>8} {'vs f16':>7}")
     base = {n: r for r in rows for n in [r[0]] if r[1] == "f16"}
