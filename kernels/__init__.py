@@ -6,7 +6,7 @@ corrupt memory. See docs/kernels.md and docs/weight-formats.md.
 """
 
 from ._native import __version__
-from .attention import attention, kv_write, new_kv_cache
+from .attention import KIVI, attention, kv_read, kv_write, new_kv_cache
 from .elementwise import argmax, gated_act, rms_norm, rope, softmax, topk
 from .ffn import ffn_sparse, pack_bundles
 from .formats import (
@@ -16,6 +16,9 @@ from .formats import (
                       QUANTIZABLE,
                       bundle_bytes,
                       format_info,
+                      kv_cache_bytes,
+                      kv_capacity,
+                      kv_key_bytes,
                       kv_row_bytes,
                       row_bytes,
 )
@@ -33,10 +36,10 @@ from .runtime import (
 
 __all__ = [
     "__version__", "FORMATS", "KERNEL_FORMATS", "KV_FORMATS", "QUANTIZABLE",
-    "row_bytes", "bundle_bytes", "kv_row_bytes", "format_info",
+    "row_bytes", "bundle_bytes", "kv_row_bytes", "kv_cache_bytes", "kv_key_bytes", "kv_capacity", "format_info",
     "matmul", "matmul_rows", "matmul_columns", "dequantize", "quantize", "pack_panels", "matmul_panels", "PANEL_FORMATS",
     "ffn_sparse", "pack_bundles",
-    "attention", "kv_write", "new_kv_cache",
+    "attention", "kv_write", "kv_read", "new_kv_cache", "KIVI",
     "rms_norm", "rope", "gated_act", "softmax", "argmax", "topk",
     "set_num_threads", "get_num_threads", "cpu_features", "available_isas", "use_isa", "current_isa",
     "implementations",

@@ -5,6 +5,15 @@ A cache for one layer is two arrays, K and V, each [n_kv_heads, capacity, head_d
 head_dim/32 GGML q8_0 blocks per vector), plus slot_pos int32 [capacity]: the position held by
 each slot, -1 when empty. Slots need not be in position order, so a sliding-window layer can
 keep a ring buffer of `window` slots.
+
+Format kivi2 (KIVI's 2-bit cache) keeps K and V as uint8 [n_kv_heads, bytes per head] (K larger
+than V) and one more array, `sealed` (int64 [1]). Keys are quantized per channel, an f16 scale
+and minimum per KIVI["key_group"] consecutive positions; values per position, an f16 scale and
+minimum per KIVI["group"] channels; 2-bit codes (4 levels). Positions stay in f16 until a write
+starts KIVI["recent"] positions past their block of KIVI["group"]; the first block stays in f16
+(the attention sink). Position p must go to slot p % capacity (capacity a multiple of
+KIVI["group"]); `sealed` is the first position not yet moved out of the f16 ring. The byte
+layout is in kernels/include/edgeflash/kernels.h.
 """
 
 from __future__ import annotations
@@ -13,11 +22,21 @@ import numpy as np
 
 from . import _native
 from ._arrays import array, index_array, out_array, writable
-from .formats import kv_row_bytes
+from .formats import kv_cache_bytes, kv_key_bytes, kv_row_bytes
+
+KIVI: dict[str, int] = dict(_native.kivi_constants())  # group, key_group, recent, max_write
 
 
-def new_kv_cache(n_kv_heads: int, capacity: int, head_dim: int, fmt: str = "f16") -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Empty (k, v, slot_pos) for one layer."""
+def new_kv_cache(n_kv_heads: int, capacity: int, head_dim: int, fmt: str = "f16",
+                 wraps: bool = True) -> tuple[np.ndarray, ...]:
+    """Empty (k, v, slot_pos) for one layer; kivi2 adds `sealed`: (k, v, slot_pos, sealed), and
+    without `wraps` (positions stay below the capacity) needs no 2-bit store for its sink block."""
+    if fmt == "kivi2":
+        k_bytes = kv_key_bytes(fmt, n_kv_heads, capacity, head_dim, wraps)
+        v_bytes = kv_cache_bytes(fmt, n_kv_heads, capacity, head_dim, wraps) - k_bytes
+        return (np.zeros((n_kv_heads, k_bytes // n_kv_heads), dtype=np.uint8),
+                np.zeros((n_kv_heads, v_bytes // n_kv_heads), dtype=np.uint8),
+                np.full(capacity, -1, dtype=np.int32), np.zeros(1, dtype=np.int64))
     rb = kv_row_bytes(fmt, head_dim)
     if fmt == "f16":
         k = np.zeros((n_kv_heads, capacity, head_dim), dtype=np.float16)
@@ -26,9 +45,12 @@ def new_kv_cache(n_kv_heads: int, capacity: int, head_dim: int, fmt: str = "f16"
     return k, np.zeros_like(k), np.full(capacity, -1, dtype=np.int32)
 
 
-def _cache(k_cache: object, v_cache: object, slot_pos: object, head_dim: int) -> tuple[str, int, int, np.ndarray, np.ndarray, np.ndarray]:
+def _cache(k_cache: object, v_cache: object, slot_pos: object, head_dim: int,
+           sealed: object = None) -> tuple[str, int, int, np.ndarray, np.ndarray, np.ndarray, np.ndarray | None]:
     if not isinstance(k_cache, np.ndarray):
         raise TypeError(f"k_cache must be a numpy array, got {type(k_cache).__name__}")
+    if sealed is not None:
+        return _kivi2_cache(k_cache, v_cache, slot_pos, head_dim, sealed)
     if k_cache.dtype == np.float16:
         fmt = "f16"
     elif k_cache.dtype == np.uint8:
@@ -47,12 +69,30 @@ def _cache(k_cache: object, v_cache: object, slot_pos: object, head_dim: int) ->
     sp = writable("slot_pos", array("slot_pos", slot_pos, np.int32, 1))
     if sp.shape != (cap,):
         raise ValueError(f"slot_pos must have shape ({cap},) to match the cache capacity, got {sp.shape}")
-    return fmt, n_kv, cap, k, v, sp
+    return fmt, n_kv, cap, k, v, sp, None
+
+
+def _kivi2_cache(k_cache: np.ndarray, v_cache: object, slot_pos: object, head_dim: int,
+                 sealed: object) -> tuple[str, int, int, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    k = writable("k_cache", array("k_cache", k_cache, np.uint8, 2))
+    v = writable("v_cache", array("v_cache", v_cache, np.uint8, 2))
+    sp = writable("slot_pos", array("slot_pos", slot_pos, np.int32, 1))
+    n_kv, cap = k.shape[0], sp.shape[0]
+    wraps = k.size != kv_key_bytes("kivi2", n_kv, cap, head_dim, False)  # also checks head_dim and the capacity
+    want_k = kv_key_bytes("kivi2", n_kv, cap, head_dim, wraps)
+    want_v = kv_cache_bytes("kivi2", n_kv, cap, head_dim, wraps) - want_k
+    if k.size != want_k or v.shape != (n_kv, want_v // n_kv):
+        raise ValueError(f"a kivi2 cache of {cap} slots for head_dim {head_dim} needs K {(n_kv, want_k // n_kv)} "
+                         f"and V {(n_kv, want_v // n_kv)} bytes, got {k.shape} and {v.shape}")
+    s = writable("sealed", array("sealed", sealed, np.int64, 1))
+    if s.shape != (1,):
+        raise ValueError(f"sealed must have shape (1,), got {s.shape}")
+    return "kivi2", n_kv, cap, k, v, sp, s
 
 
 def attention(q: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray, slot_pos: np.ndarray, q_pos: object, *,
               scale: float, window: int = 0, mask: np.ndarray | None = None, softcap: float = 0.0,
-              out: np.ndarray | None = None) -> np.ndarray:
+              out: np.ndarray | None = None, sealed: np.ndarray | None = None) -> np.ndarray:
     """Attention of q [n_q, n_heads, head_dim] float32 over the cache -> [n_q, n_heads, head_dim].
 
     Slot j is visible to query i iff slot_pos[j] >= 0, slot_pos[j] <= q_pos[i], (window == 0 or
@@ -62,7 +102,7 @@ def attention(q: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray, slot_pos:
     """
     q = array("q", q, np.float32, 3)
     n_q, n_heads, hd = q.shape
-    fmt, n_kv, cap, k, v, sp = _cache(k_cache, v_cache, slot_pos, hd)
+    fmt, n_kv, cap, k, v, sp, sl = _cache(k_cache, v_cache, slot_pos, hd, sealed)
     if n_q == 0:
         raise ValueError("q has no rows")
     if n_heads % n_kv:
@@ -84,20 +124,21 @@ def attention(q: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray, slot_pos:
             raise ValueError(f"mask must have shape ({n_q}, {cap}), got {m.shape}")
     out = out_array("out", out, (n_q, n_heads, hd), inputs=(("q", q),))
     _native.attention(k, v, fmt, n_kv, cap, hd, sp, q, n_q, n_heads, qp, int(window), m, float(scale),
-                      float(softcap), out)
+                      float(softcap), out, sl)
     return out
 
 
 def kv_write(k_cache: np.ndarray, v_cache: np.ndarray, slot_pos: np.ndarray, k: np.ndarray, v: np.ndarray,
-             slots: object, positions: object) -> None:
+             slots: object, positions: object, sealed: np.ndarray | None = None) -> None:
     """Stores k, v [n, n_kv_heads, head_dim] float32 into `slots` (converting to the cache format)
-    and records slot_pos[slots[i]] = positions[i]."""
+    and records slot_pos[slots[i]] = positions[i]. A kivi2 cache (`sealed` given) also moves
+    blocks old enough into its 2-bit store."""
     k = array("k", k, np.float32, 3)
     v = array("v", v, np.float32, 3)
     if v.shape != k.shape:
         raise ValueError(f"v has shape {v.shape}, k has {k.shape}")
     n, n_kv_in, hd = k.shape
-    fmt, n_kv, cap, kc, vc, sp = _cache(k_cache, v_cache, slot_pos, hd)
+    fmt, n_kv, cap, kc, vc, sp, sl = _cache(k_cache, v_cache, slot_pos, hd, sealed)
     if n_kv_in != n_kv:
         raise ValueError(f"k has {n_kv_in} KV heads, the cache has {n_kv}")
     ids = index_array("slots", slots, cap)
@@ -106,4 +147,15 @@ def kv_write(k_cache: np.ndarray, v_cache: np.ndarray, slot_pos: np.ndarray, k: 
     pos = np.asarray(positions)
     if pos.shape != (n,) or not np.issubdtype(pos.dtype, np.integer) or (n and (pos.min() < 0 or pos.max() > 2**31 - 1)):
         raise ValueError(f"positions must be {n} non-negative int32 values")
-    _native.kv_write(kc, vc, fmt, n_kv, cap, hd, sp, k, v, n, ids, np.ascontiguousarray(pos, dtype=np.int32))
+    _native.kv_write(kc, vc, fmt, n_kv, cap, hd, sp, k, v, n, ids, np.ascontiguousarray(pos, dtype=np.int32), sl)
+
+
+def kv_read(k_cache: np.ndarray, v_cache: np.ndarray, slot_pos: np.ndarray, head_dim: int,
+            sealed: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """The keys and values attention reads, float32 [n_kv_heads, capacity, head_dim] each (zeros
+    for empty slots)."""
+    fmt, n_kv, cap, kc, vc, sp, sl = _cache(k_cache, v_cache, slot_pos, head_dim, sealed)
+    k = np.empty((n_kv, cap, head_dim), dtype=np.float32)
+    v = np.empty_like(k)
+    _native.kv_read(kc, vc, fmt, n_kv, cap, head_dim, sp, sl, k, v)
+    return k, v

@@ -47,7 +47,8 @@ FORMATS: dict[str, FormatInfo] = {
 FORMAT_BY_GGML_TYPE: dict[int, FormatInfo] = {f.ggml_type: f for f in FORMATS.values() if f.ggml_type is not None}
 KERNEL_FORMATS = tuple(name for name, f in FORMATS.items() if f.runs)
 QUANTIZABLE = tuple(name for name, f in FORMATS.items() if f.quantizable)
-KV_FORMATS = ("f16", "q8_0")
+# KV cache formats: f16, q8_0 (a GGML q8_0 row per vector) and kivi2 (KIVI's 2-bit cache, kernels/attention.py).
+KV_FORMATS = ("f16", "q8_0", "kivi2")
 
 
 def format_info(fmt: object) -> FormatInfo:
@@ -88,9 +89,31 @@ def bundle_bytes(d_model: int, gate_fmt: str, up_fmt: str, down_fmt: str) -> int
 
 
 def kv_row_bytes(fmt: str, head_dim: int) -> int:
-    """Bytes of one cached key or value vector of one head."""
-    if fmt not in KV_FORMATS:
-        raise ValueError(f"KV cache format must be one of {', '.join(KV_FORMATS)}, got {fmt!r}")
+    """Bytes of one cached key or value vector of one head (f16 and q8_0; kivi2 has kv_cache_bytes)."""
+    if fmt not in ("f16", "q8_0"):
+        raise ValueError(f"KV cache format with a row per vector must be f16 or q8_0, got {fmt!r}")
     if isinstance(head_dim, bool) or not isinstance(head_dim, (int, np.integer)) or head_dim <= 0 or head_dim % 16:
         raise ValueError(f"head_dim must be a positive multiple of 16, got {head_dim}")
     return row_bytes(fmt, int(head_dim))
+
+
+def kv_capacity(fmt: str, slots: int) -> int:
+    """Slots a cache of `fmt` keeps when `slots` are wanted (kivi2 rounds up to whole key blocks)."""
+    if fmt not in KV_FORMATS:
+        raise ValueError(f"KV cache format must be one of {', '.join(KV_FORMATS)}, got {fmt!r}")
+    return int(_native.kv_capacity(fmt, int(slots)))
+
+
+def kv_cache_bytes(fmt: str, n_kv_heads: int, capacity: int, head_dim: int, wraps: bool = True) -> int:
+    """Bytes of a layer's K and V caches together (the count the engine allocates and plans with).
+    `wraps`: positions may pass the capacity (a ring buffer); a kivi2 cache that never wraps is smaller."""
+    if fmt not in KV_FORMATS:
+        raise ValueError(f"KV cache format must be one of {', '.join(KV_FORMATS)}, got {fmt!r}")
+    return int(_native.kv_cache_bytes(fmt, int(n_kv_heads), int(capacity), int(head_dim), bool(wraps)))
+
+
+def kv_key_bytes(fmt: str, n_kv_heads: int, capacity: int, head_dim: int, wraps: bool = True) -> int:
+    """Bytes of a layer's K cache (kv_cache_bytes minus those of V)."""
+    if fmt not in KV_FORMATS:
+        raise ValueError(f"KV cache format must be one of {', '.join(KV_FORMATS)}, got {fmt!r}")
+    return int(_native.kv_key_bytes(fmt, int(n_kv_heads), int(capacity), int(head_dim), bool(wraps)))

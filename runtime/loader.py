@@ -52,6 +52,9 @@ def load_model(path: str | Path, *, memory_budget: str | int | None = None, thre
                neuron_chunk: int = 0) -> LoadedModel:
     """The arguments of `edgeflash.load` (see there), for a resolved path."""
     _check_options(engine, threads, context_length, activations, kv_cache)
+    if kv_cache == "kivi2" and speculative != "none":
+        raise UserError(f"speculative = {speculative!r} with kv_cache = 'kivi2': a 2-bit KV cache does not verify "
+                        "token trees; use kv_cache = 'f16' or 'q8_0' with speculative decoding")
     auto_note = None
     if sparsity == "auto" and memory_budget is not None:
         def load_one(s: float | None, k: int) -> LoadedModel:
@@ -137,9 +140,10 @@ def _check_options(engine: str, threads: int, context_length: int | None, activa
     if activations not in ACTIVATIONS:
         raise UserError(f"activations = {activations!r}: expected {', '.join(ACTIVATIONS)}")
     if kv_cache not in KV_FORMATS:
-        raise UserError(f"kv_cache = {kv_cache!r}: expected {' or '.join(KV_FORMATS)}")
+        raise UserError(f"kv_cache = {kv_cache!r}: expected {', '.join(KV_FORMATS)}")
     if engine == "reference" and kv_cache != "f16":
-        raise UserError("kv_cache = 'q8_0' needs the native engine (the reference runtime keeps its cache in float32)")
+        raise UserError(f"kv_cache = {kv_cache!r} needs the native engine (the reference runtime keeps its cache "
+                        "in float32)")
 
 
 def _drafter(kind: str, engine: Any) -> Any:

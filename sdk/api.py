@@ -27,7 +27,9 @@ def load(model: str | Path = "default", *, memory_budget: str | int | None = Non
     the model allocates; weights that do not fit are read from flash for every token.
     strategy: how a budgeted run streams ("flash", "hybrid" or "naive"; see edgeflash.memory.planner).
     activations: "q8x2" (default, agrees with the reference), "q8" (fastest) or "f32".
-    kv_cache: "f16" (default) or "q8_0", which halves the KV cache's memory at a small quality cost.
+    kv_cache: "f16" (default), "q8_0", which halves the KV cache's memory at a small quality cost, or
+    "kivi2" (2-bit keys and values, the newest tokens in f16), about a quarter of f16's at 2048+ tokens
+    (docs/memory-budget.md; not with speculative decoding).
     sparsity, window, head_shortlist: approximate mode of a budgeted bundle (edgeflash.runtime.approximate):
     the FFN reads only predicted-active neurons through a cache of the last `window` tokens' neurons,
     and the head computes only the `head_shortlist` most frequent tokens. Off (exact) by default.
@@ -70,6 +72,9 @@ class Model:
 
             if not hasattr(self.engine, "forward_tree"):
                 raise UserError(f"speculative decoding needs the native engine, not {self.engine.name!r}")
+            if getattr(self.engine, "kv_format", None) == "kivi2":
+                raise UserError(f"speculative = {kind!r}: a kivi2 KV cache does not verify token trees; load the "
+                                "model with kv_cache = 'f16' or 'q8_0' for speculative decoding")
             self._drafters[kind] = make_drafter(kind, self.engine)
         return self._drafters[kind]
 

@@ -5,6 +5,7 @@
 #include "bind_kernels.h"
 
 #include <nanobind/stl/optional.h>
+#include <nanobind/stl/pair.h>
 #include <nanobind/stl/string.h>
 #include <nanobind/stl/vector.h>
 
@@ -26,10 +27,13 @@ ef::WeightMatrix weights(const In& w, const std::string& fmt, int64_t rows, int6
 }
 
 ef::KvCache cache(const Out& k, const Out& v, const std::string& fmt, int64_t n_kv, int64_t cap, int64_t hd,
-                  const Out& slot_pos) {
-  if (nbytes(k) != nbytes(v)) throw ef::KernelError("k_cache and v_cache differ in size");
+                  const Out& slot_pos, const std::optional<Out>& sealed) {
+  if (!sealed && nbytes(k) != nbytes(v)) throw ef::KernelError("k_cache and v_cache differ in size");
+  // A kivi2 cache sized without a ring buffer says so by its size.
+  const bool wraps = !sealed || nbytes(k) != ef::kv_key_bytes(ef::Format::kivi2, n_kv, cap, hd, false);
   return ef::KvCache{const_cast<uint8_t*>(bytes(k, "k_cache")), const_cast<uint8_t*>(bytes(v, "v_cache")), nbytes(k),
-                     fmt_of(fmt), n_kv, cap, hd, ptr<int32_t>(slot_pos, static_cast<size_t>(cap), "slot_pos")};
+                     fmt_of(fmt), n_kv, cap, hd, ptr<int32_t>(slot_pos, static_cast<size_t>(cap), "slot_pos"),
+                     sealed ? ptr<int64_t>(*sealed, 1, "sealed") : nullptr, nbytes(v), wraps};
 }
 
 }  // namespace
@@ -40,6 +44,7 @@ void ef::bind_kernels(nb::module_& m) {
     nb::list out;
     for (int i = 0; i < ef::kFormatCount; ++i) {
       const ef::Format f = static_cast<ef::Format>(i);
+      if (f == ef::Format::kivi2) continue;  // a KV cache format, never a weight's
       const ef::FormatInfo& info = ef::format_info(f);
       nb::dict d;
       d["name"] = info.name;
@@ -79,6 +84,20 @@ void ef::bind_kernels(nb::module_& m) {
     return ef::bundle_bytes(fmt_of(g), fmt_of(u), fmt_of(d), dm);
   });
   m.def("kv_row_bytes", [](const std::string& fmt, int64_t hd) { return ef::kv_row_bytes(fmt_of(fmt), hd); });
+  m.def("kv_capacity", [](const std::string& fmt, int64_t slots) { return ef::kv_capacity(fmt_of(fmt), slots); });
+  m.def("kv_cache_bytes", [](const std::string& fmt, int64_t n_kv, int64_t cap, int64_t hd, bool wraps) {
+    return ef::kv_cache_bytes(fmt_of(fmt), n_kv, cap, hd, wraps);
+  });
+  m.def("kv_key_bytes", [](const std::string& fmt, int64_t n_kv, int64_t cap, int64_t hd, bool wraps) {
+    return ef::kv_key_bytes(fmt_of(fmt), n_kv, cap, hd, wraps);
+  });
+  m.def("kv_recent_slots", &ef::kv_recent_slots);
+  m.def("kivi_constants", [] {
+    nb::dict d;
+    d["group"] = ef::kKiviGroup, d["key_group"] = ef::kKiviKeyGroup, d["recent"] = ef::kKiviRecent;
+    d["max_write"] = ef::kKiviMaxWrite;
+    return d;
+  });
 
   // ---- linear
   m.def("matmul", [](In w, const std::string& fmt, int64_t rows, int64_t cols, size_t stride, In x, int64_t n,
@@ -162,8 +181,8 @@ void ef::bind_kernels(nb::module_& m) {
   // ---- attention
   m.def("attention", [](Out k, Out v, const std::string& fmt, int64_t n_kv, int64_t cap, int64_t hd, Out slot_pos,
                         In q, int64_t n_q, int64_t n_heads, In q_pos, int64_t window, std::optional<In> mask,
-                        float scale, float softcap, Out out) {
-    const ef::KvCache c = cache(k, v, fmt, n_kv, cap, hd, slot_pos);
+                        float scale, float softcap, Out out, std::optional<Out> sealed) {
+    const ef::KvCache c = cache(k, v, fmt, n_kv, cap, hd, slot_pos, sealed);
     ef::AttentionArgs a;
     a.q = ptr<float>(q, static_cast<size_t>(n_q * n_heads * hd), "q");
     a.n_q = n_q, a.n_heads = n_heads;
@@ -176,14 +195,22 @@ void ef::bind_kernels(nb::module_& m) {
     ef::attention(c, a);
   });
   m.def("kv_write", [](Out kc, Out vc, const std::string& fmt, int64_t n_kv, int64_t cap, int64_t hd, Out slot_pos,
-                       In k, In v, int64_t n, In slots, In positions) {
-    const ef::KvCache c = cache(kc, vc, fmt, n_kv, cap, hd, slot_pos);
+                       In k, In v, int64_t n, In slots, In positions, std::optional<Out> sealed) {
+    const ef::KvCache c = cache(kc, vc, fmt, n_kv, cap, hd, slot_pos, sealed);
     const float* kp = ptr<float>(k, static_cast<size_t>(n * n_kv * hd), "k");
     const float* vp = ptr<float>(v, static_cast<size_t>(n * n_kv * hd), "v");
     const int32_t* sp = ptr<int32_t>(slots, static_cast<size_t>(n), "slots");
     const int32_t* pp = ptr<int32_t>(positions, static_cast<size_t>(n), "positions");
     nb::gil_scoped_release release;
     ef::kv_write(c, kp, vp, n, sp, pp);
+  });
+  m.def("kv_read", [](Out kc, Out vc, const std::string& fmt, int64_t n_kv, int64_t cap, int64_t hd, Out slot_pos,
+                      std::optional<Out> sealed, Out k, Out v) {
+    const ef::KvCache c = cache(kc, vc, fmt, n_kv, cap, hd, slot_pos, sealed);
+    float* kp = ptr<float>(k, static_cast<size_t>(n_kv * cap * hd), "k");
+    float* vp = ptr<float>(v, static_cast<size_t>(n_kv * cap * hd), "v");
+    nb::gil_scoped_release release;
+    ef::kv_read(c, kp, vp);
   });
 
   // ---- elementwise and sampling

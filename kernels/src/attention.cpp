@@ -3,17 +3,20 @@
 // are merged at the end (split-K, so a single KV head still uses every thread at decode).
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <limits>
 #include <string>
+#include <vector>
 
 #include "kernel_table.h"
+#include "kv_kivi.h"
 #include "scratch.h"
 
 namespace ef {
 
 size_t kv_row_bytes(Format fmt, int64_t head_dim) {
   if (fmt != Format::f16 && fmt != Format::q8_0)
-    throw KernelError(std::string("KV cache format must be f16 or q8_0, got ") + format_info(fmt).name);
+    throw KernelError(std::string("KV cache vectors of format f16 or q8_0 have a row size, got ") + format_info(fmt).name);
   if (head_dim <= 0 || head_dim % 16)
     throw KernelError("KV cache head_dim must be a positive multiple of 16, got " + std::to_string(head_dim));
   return row_bytes(fmt, head_dim);
@@ -25,10 +28,16 @@ void check_cache(const KvCache& c, const char* what) {
   if (!c.k || !c.v || !c.slot_pos) throw KernelError(std::string(what) + ": KV cache buffers are null");
   if (c.n_kv_heads <= 0 || c.capacity <= 0)
     throw KernelError(std::string(what) + ": KV cache needs positive n_kv_heads and capacity");
-  const size_t need = static_cast<size_t>(c.n_kv_heads * c.capacity) * kv_row_bytes(c.fmt, c.head_dim);
-  if (c.size_bytes < need)
-    throw KernelError(std::string(what) + ": KV cache buffers hold " + std::to_string(c.size_bytes) + " bytes, need " +
-                      std::to_string(need));
+  if (c.fmt != Format::f16 && c.fmt != Format::q8_0 && c.fmt != Format::kivi2)
+    throw KernelError(std::string("KV cache format must be f16, q8_0 or kivi2, got ") + format_info(c.fmt).name);
+  if (c.fmt == Format::kivi2) kivi::check(c, what);
+  const size_t need_k = kv_key_bytes(c.fmt, c.n_kv_heads, c.capacity, c.head_dim, c.wraps);
+  const size_t need_v = kv_value_bytes(c.fmt, c.n_kv_heads, c.capacity, c.head_dim, c.wraps);
+  const size_t have_v = c.v_size_bytes ? c.v_size_bytes : c.size_bytes;
+  if (c.size_bytes < need_k || have_v < need_v)
+    throw KernelError(std::string(what) + ": KV cache buffers hold " + std::to_string(c.size_bytes) + " and " +
+                      std::to_string(have_v) + " bytes, need " + std::to_string(need_k) + " and " +
+                      std::to_string(need_v));
 }
 
 constexpr int64_t kChunk = 64;     // slots per chunk kernel call
@@ -48,8 +57,10 @@ void attention(const KvCache& cache, const AttentionArgs& a) {
 
   const int64_t hd = cache.head_dim, cap = cache.capacity, n_kv = cache.n_kv_heads;
   const int64_t group = a.n_heads / n_kv, n_q = a.n_q, R = group * n_q;
-  const size_t rb = kv_row_bytes(cache.fmt, hd);
-  const AttnChunkFn chunk_fn = kernels().attn_chunk[attn_index(cache.fmt)].fn;
+  // A kivi2 cache is read a chunk at a time into f16 vectors for the f16 chunk kernel.
+  const bool kivi2 = cache.fmt == Format::kivi2;
+  const size_t rb = kivi2 ? static_cast<size_t>(2 * hd) : kv_row_bytes(cache.fmt, hd);
+  const AttnChunkFn chunk_fn = kernels().attn_chunk[attn_index(kivi2 ? Format::f16 : cache.fmt)].fn;
 
   // Live slot range: nothing outside [lo, hi] can be visible.
   int64_t lo = cap, hi = -1;
@@ -103,9 +114,16 @@ void attention(const KvCache& cache, const AttentionArgs& a) {
         }
       }
       if (!any) continue;
-      const size_t off = static_cast<size_t>(g * cap + j0) * rb;
-      const AttnChunk args{qg + g * R * hd, R, hd, cache.k + off, cache.v + off, rb, c, vis, group,
-                           a.scale, a.softcap, m, l, acc, scratch};
+      const uint8_t* kc = cache.k + static_cast<size_t>(g * cap + j0) * rb;
+      const uint8_t* vc = cache.v + static_cast<size_t>(g * cap + j0) * rb;
+      if (kivi2) {
+        thread_local std::vector<uint16_t> rows;
+        rows.resize(static_cast<size_t>(2 * kChunk * hd));
+        kivi::rows_f16(cache, g, j0, c, rows.data(), rows.data() + kChunk * hd);
+        kc = reinterpret_cast<const uint8_t*>(rows.data());
+        vc = reinterpret_cast<const uint8_t*>(rows.data() + kChunk * hd);
+      }
+      const AttnChunk args{qg + g * R * hd, R, hd, kc, vc, rb, c, vis, group, a.scale, a.softcap, m, l, acc, scratch};
       chunk_fn(args);
     }
   });
@@ -144,6 +162,10 @@ void kv_write(const KvCache& cache, const float* k, const float* v, int64_t n, c
                         std::to_string(cache.capacity) + ")");
     if (positions[i] < 0) throw KernelError("kv_write: position " + std::to_string(positions[i]) + " is negative");
   }
+  if (cache.fmt == Format::kivi2) {
+    kivi::write(cache, k, v, n, slots, positions);
+    return;
+  }
   const int64_t hd = cache.head_dim;
   const size_t rb = kv_row_bytes(cache.fmt, hd);
   auto store = [&](uint8_t* dst, const float* src) {
@@ -163,6 +185,41 @@ void kv_write(const KvCache& cache, const float* k, const float* v, int64_t n, c
       store(cache.v + off, v + (i * cache.n_kv_heads + h) * hd);
     }
     cache.slot_pos[slots[i]] = positions[i];
+  }
+}
+
+void kv_read(const KvCache& cache, float* k, float* v) {
+  check_cache(cache, "kv_read");
+  if (!k || !v) throw KernelError("kv_read: k or v is null");
+  const int64_t hd = cache.head_dim, cap = cache.capacity;
+  std::vector<uint16_t> kr(static_cast<size_t>(cap * hd)), vr(kr.size());
+  for (int64_t g = 0; g < cache.n_kv_heads; ++g) {
+    float* ko = k + g * cap * hd;
+    float* vo = v + g * cap * hd;
+    if (cache.fmt == Format::kivi2) {
+      kivi::rows_f16(cache, g, 0, cap, kr.data(), vr.data());
+      for (int64_t i = 0; i < cap * hd; ++i) ko[i] = fp16_to_f32(kr[i]), vo[i] = fp16_to_f32(vr[i]);
+    } else {
+      const size_t rb = kv_row_bytes(cache.fmt, hd);
+      for (int64_t j = 0; j < cap; ++j) {
+        const uint8_t* kj = cache.k + static_cast<size_t>(g * cap + j) * rb;
+        const uint8_t* vj = cache.v + static_cast<size_t>(g * cap + j) * rb;
+        for (int64_t e = 0; e < hd; ++e) {
+          if (cache.fmt == Format::f16) {
+            uint16_t a, b;
+            std::memcpy(&a, kj + 2 * e, 2), std::memcpy(&b, vj + 2 * e, 2);
+            ko[j * hd + e] = fp16_to_f32(a), vo[j * hd + e] = fp16_to_f32(b);
+          } else {  // q8_0: 32-value blocks of an f16 scale and 32 int8 codes
+            const int64_t blk = e / 32;
+            uint16_t a, b;
+            std::memcpy(&a, kj + 34 * blk, 2), std::memcpy(&b, vj + 34 * blk, 2);
+            ko[j * hd + e] = fp16_to_f32(a) * static_cast<int8_t>(kj[34 * blk + 2 + e % 32]);
+            vo[j * hd + e] = fp16_to_f32(b) * static_cast<int8_t>(vj[34 * blk + 2 + e % 32]);
+          }
+        }
+        if (cache.slot_pos[j] < 0) std::fill(ko + j * hd, ko + (j + 1) * hd, 0.0f), std::fill(vo + j * hd, vo + (j + 1) * hd, 0.0f);
+      }
+    }
   }
 }
 

@@ -10,6 +10,7 @@ const FormatInfo kFormats[kFormatCount] = {
     {"q4_k", 12, 256, 144, 0, true}, {"q6_k", 14, 256, 210, 0, true}, {"q4_lut", -1, 32, 17, 20, true},
     {"bf16", 30, 1, 2, 0, false},    {"q5_1", 7, 32, 24, 0, true},    {"q2_k", 10, 256, 84, 0, true},
     {"q3_k", 11, 256, 110, 0, true}, {"q5_k", 13, 256, 176, 0, true},
+    {"kivi2", -1, 32, 12, 0, true},  // a value row of the KV cache: per 32 values f16 scale, f16 min, 2-bit codes
 };
 }  // namespace
 

@@ -31,8 +31,11 @@ KvCache Engine::LayerCache::view() {
   c.k = k.data();
   c.v = v.data();
   c.size_bytes = k.size();
+  c.v_size_bytes = v.size();
   c.capacity = capacity;
   c.slot_pos = slot_pos.data();
+  c.sealed = &sealed;
+  c.wraps = wraps;
   return c;
 }
 
@@ -59,12 +62,13 @@ std::pair<int64_t, int64_t> slot_dims(const ModelShape& s, Slot slot) {
 BufferSizes buffer_sizes(const ModelShape& shape, const std::vector<LayerShape>& layers, const EngineOptions& options) {
   BufferSizes z;
   const int64_t b = options.max_batch;
-  z.kv_row = kv_row_bytes(options.kv_format, shape.head_dim);
   int64_t max_capacity = 0;
   for (const LayerShape& ls : layers) {
     // A sliding layer keeps its window plus room for one batch of new tokens (a ring buffer).
-    const int64_t cap = ls.window ? std::min(options.context, ls.window + b) : options.context;
+    const int64_t cap = kv_capacity(options.kv_format, ls.window ? std::min(options.context, ls.window + b)
+                                                                 : options.context);
     z.kv_capacity.push_back(cap);
+    z.kv_bytes.push_back(kv_cache_bytes(options.kv_format, shape.n_kv_heads, cap, shape.head_dim, cap < options.context));
     max_capacity = std::max(max_capacity, cap);
   }
   z.x = b * shape.d_model;
@@ -86,8 +90,8 @@ BufferSizes buffer_sizes(const ModelShape& shape, const std::vector<LayerShape>&
 EngineMemory plan_memory(const ModelShape& shape, const std::vector<LayerShape>& layers, const EngineOptions& options) {
   const BufferSizes z = buffer_sizes(shape, layers, options);
   EngineMemory m;
-  for (const int64_t cap : z.kv_capacity)
-    m.kv_cache += 2 * static_cast<size_t>(shape.n_kv_heads * cap) * z.kv_row + static_cast<size_t>(cap) * sizeof(int32_t);
+  for (size_t l = 0; l < z.kv_capacity.size(); ++l)
+    m.kv_cache += z.kv_bytes[l] + static_cast<size_t>(z.kv_capacity[l]) * sizeof(int32_t);
   // x, h, sel: [b, d_model]; q, attn: [b, q]; k, v: [b, kv]; gate, up: [b, d_ff]; slots: [b] int32
   const int64_t floats = 3 * z.x + 2 * z.q + 2 * z.kv + 2 * z.ffn + z.act2 + z.out2 + z.head_part;
   m.activations = static_cast<size_t>(floats) * sizeof(float) + static_cast<size_t>(z.mask) + z.quantized_acts +
@@ -102,8 +106,8 @@ Engine::Engine(const ModelShape& shape, std::vector<LayerShape> layers, const En
                        std::to_string(shape_.n_layers) + " layers");
   if (options_.max_batch < 1 || options_.context < 2) throw engine_error("max_batch >= 1 and context >= 2 are required");
   if (options_.head_chunk < 1) throw engine_error("head_chunk must be at least 1 row");
-  if (options_.kv_format != Format::f16 && options_.kv_format != Format::q8_0)
-    throw engine_error("the KV cache format must be f16 or q8_0");
+  if (options_.kv_format != Format::f16 && options_.kv_format != Format::q8_0 && options_.kv_format != Format::kivi2)
+    throw engine_error("the KV cache format must be f16, q8_0 or kivi2");
   if (shape_.n_heads % shape_.n_kv_heads) throw engine_error("n_heads must be a multiple of n_kv_heads");
   if (shape_.vocab_begin == 0 && shape_.vocab_end == 0) shape_.vocab_end = shape_.vocab;
   if (shape_.vocab_begin < 0 || shape_.vocab_begin >= shape_.vocab_end || shape_.vocab_end > shape_.vocab)
@@ -112,11 +116,13 @@ Engine::Engine(const ModelShape& shape, std::vector<LayerShape> layers, const En
   // Every buffer the forward pass may use, allocated now with the sizes plan_memory counts:
   // nothing grows while the model runs (a budgeted run plans with these numbers).
   const BufferSizes z = buffer_sizes(shape_, layer_shapes_, options_);
-  for (const int64_t cap : z.kv_capacity) {
+  for (size_t l = 0; l < z.kv_capacity.size(); ++l) {
     LayerCache c;
+    const int64_t cap = z.kv_capacity[l];
     c.capacity = cap;
-    c.k.assign(static_cast<size_t>(shape_.n_kv_heads * cap) * z.kv_row, 0);
-    c.v.assign(c.k.size(), 0);
+    c.wraps = cap < options_.context;
+    c.k.assign(kv_key_bytes(options_.kv_format, shape_.n_kv_heads, cap, shape_.head_dim, c.wraps), 0);
+    c.v.assign(z.kv_bytes[l] - c.k.size(), 0);
     c.slot_pos.assign(static_cast<size_t>(cap), -1);
     caches_.push_back(std::move(c));
   }
@@ -365,6 +371,8 @@ void Engine::run_block(int64_t layer, const LayerWeights& w, int64_t n, const in
 void Engine::forward(const int32_t* tokens, const int32_t* positions, int64_t n, const uint8_t* tree_mask,
                      const int32_t* logit_rows, int64_t n_logit_rows, float* logits, int32_t* argmax) {
   if (n_logit_rows > 0 && !logits && !argmax) throw engine_error("logit rows requested without an output");
+  if (tree_mask && options_.kv_format == Format::kivi2)  // its 2-bit blocks cannot take a tree's scratch slots
+    throw engine_error("a kivi2 KV cache does not verify token trees (use f16 or q8_0 with speculative decoding)");
   const ModelShape& s = shape_;
   if (n < 1 || n > options_.max_batch)
     throw engine_error("a forward call takes 1.." + std::to_string(options_.max_batch) + " tokens, got " +
@@ -581,7 +589,8 @@ void Engine::commit(const int32_t* nodes, int64_t n_nodes) {
     if (scratch_positions_[nodes[d]] != committed_ + d)
       throw engine_error("commit: node " + std::to_string(nodes[d]) + " is not at depth " + std::to_string(d));
   }
-  const size_t row = kv_row_bytes(options_.kv_format, shape_.head_dim);
+  if (n_nodes == 0 && scratch_count_ == 0) return;
+  const size_t row = kv_row_bytes(options_.kv_format, shape_.head_dim);  // trees never reach a kivi2 cache
   for (LayerCache& c : caches_) {
     // Copy in increasing depth: a later source slot is never an earlier destination.
     for (int64_t d = 0; d < n_nodes; ++d) {
@@ -606,6 +615,9 @@ int64_t Engine::truncate(int64_t n) {
   commit(nullptr, 0);
   if (n >= committed_) return committed_;
   if (n < 0) n = 0;
+  if (options_.kv_format == Format::kivi2)  // a 2-bit block is kept whole or not at all
+    for (const LayerCache& c : caches_)
+      if (n < c.sealed) n = n / kKiviGroup * kKiviGroup;
   bool intact = true;
   for (size_t l = 0; l < caches_.size(); ++l) {
     LayerCache& c = caches_[l];
@@ -619,6 +631,7 @@ int64_t Engine::truncate(int64_t n) {
     for (LayerCache& c : caches_) std::fill(c.slot_pos.begin(), c.slot_pos.end(), -1);
     n = 0;
   }
+  for (LayerCache& c : caches_) c.sealed = std::min(c.sealed, n);
   committed_ = n;
   return committed_;
 }

@@ -68,7 +68,7 @@ struct EngineMemory {
 // engine exists (a budget is split before weights load, a drafter's reserve before it is built).
 struct BufferSizes {
   std::vector<int64_t> kv_capacity;  // per layer: cached positions (a sliding layer keeps a ring)
-  size_t kv_row = 0;                 // bytes of one cached key (or value) vector of one head
+  std::vector<size_t> kv_bytes;      // per layer: bytes of its K and V together (kv_cache_bytes)
   int64_t x = 0, q = 0, kv = 0, ffn = 0, act2 = 0, out2 = 0, head_part = 0, mask = 0;  // floats / bytes
   int64_t max_cols = 0;              // widest activation row that is quantized
   size_t quantized_acts = 0;         // bytes of the Q8 activation buffers (QuantizedActs)
@@ -142,6 +142,8 @@ class Engine {
     std::vector<uint8_t> k, v;
     std::vector<int32_t> slot_pos;
     int64_t capacity = 0;
+    int64_t sealed = 0;  // kivi2: positions below are in the 2-bit store
+    bool wraps = true;   // a ring buffer (a sliding layer shorter than the context)
     KvCache view();
   };
 

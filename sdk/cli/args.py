@@ -8,6 +8,7 @@ import argparse
 import sys
 from typing import Any, NoReturn
 
+from edgeflash.kernels.formats import KV_FORMATS
 from edgeflash.runtime.sampler import SAMPLING_DEFAULTS
 
 ADVANCED_TITLE = "advanced (engine tuning and sampling details)"
@@ -155,9 +156,10 @@ def add_advanced_engine_options(p: argparse.ArgumentParser) -> None:
     adv.add_argument("--activations", choices=["q8x2", "q8", "f32"], default="q8x2",
                      help="activation precision against quantized weights: q8x2 agrees with the reference, "
                           "q8 is fastest (default: %(default)s)")
-    adv.add_argument("--kv-cache", choices=["f16", "q8_0"], default="f16", dest="kv_cache",
-                     help="KV cache precision: q8_0 halves its memory (room for weights or a longer context "
-                          "under --memory-budget) at a small quality cost (default: %(default)s)")
+    adv.add_argument("--kv-cache", choices=list(KV_FORMATS), default="f16", dest="kv_cache",
+                     help="KV cache precision: q8_0 halves its memory, kivi2 (2-bit, KIVI) takes about a "
+                          "quarter at long contexts (room for weights or a longer context under "
+                          "--memory-budget) at a small quality cost (default: %(default)s)")
     adv.add_argument("--sparsity", action=Renamed, new="--ffn-sparsity")
     adv.add_argument("--window", action=Renamed, new="--neuron-window")
 

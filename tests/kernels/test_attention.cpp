@@ -1,4 +1,4 @@
-// Attention over a slot-addressed KV cache (f16 and q8_0): GQA, ring-buffer slots with holes,
+// Attention over a slot-addressed KV cache (f16, q8_0 and kivi2): GQA, ring-buffer slots with holes,
 // sliding-window edges, tree masks with holes, softcap, a query that sees nothing.
 #include <algorithm>
 
@@ -46,6 +46,62 @@ std::vector<float> naive(const Case& c, const std::vector<float>& q, const std::
       for (int64_t e = 0; e < c.hd; ++e) out[(i * c.n_heads + h) * c.hd + e] = static_cast<float>(o[e] / sum);
     }
   return out;
+}
+
+// kivi2: written in prefill batches and single tokens past the capacity (a ring), read back by
+// kv_read; attention at this level against the reference level and against the exact math over
+// the values kv_read returns (what every level's chunk kernel sees).
+void test_attention_kivi2() {
+  const Case cases[] = {
+      {1, 4, 256, 320, 3, 0, false, 0.0f},    // Gemma-like head_dim, no wrap
+      {2, 6, 64, 192, 4, 150, false, 0.0f},   // GQA, a sliding window over a ring
+      {3, 9, 128, 256, 5, 0, false, 30.0f},   // softcap
+  };
+  for (const Case& c : cases) {
+    const bool wraps = c.window > 0;
+    std::vector<uint8_t> K(ef::kv_key_bytes(ef::Format::kivi2, c.n_kv, c.cap, c.hd, wraps));
+    std::vector<uint8_t> V(ef::kv_value_bytes(ef::Format::kivi2, c.n_kv, c.cap, c.hd, wraps));
+    std::vector<int32_t> slot_pos(c.cap, -1);
+    int64_t sealed = 0;
+    ef::KvCache cache{K.data(), V.data(), K.size(), ef::Format::kivi2, c.n_kv, c.cap, c.hd, slot_pos.data(), &sealed,
+                      V.size(), wraps};
+    const int64_t n_pos = wraps ? c.cap + c.cap / 2 : c.cap - 7;
+    for (int64_t p0 = 0; p0 < n_pos;) {
+      const int64_t n = std::min<int64_t>(p0 < c.cap / 2 ? 64 : 1, n_pos - p0);  // prefill, then decode
+      std::vector<int32_t> slots(n), pos(n);
+      for (int64_t i = 0; i < n; ++i) pos[i] = static_cast<int32_t>(p0 + i), slots[i] = static_cast<int32_t>((p0 + i) % c.cap);
+      const auto k = randn(n * c.n_kv * c.hd), v = randn(n * c.n_kv * c.hd);
+      ef::kv_write(cache, k.data(), v.data(), n, slots.data(), pos.data());
+      p0 += n;
+    }
+    expect(sealed > ef::kKiviGroup, "kivi2: the test reaches the 2-bit store");
+    std::vector<int32_t> q_pos(c.n_q);
+    for (int64_t i = 0; i < c.n_q; ++i) q_pos[i] = static_cast<int32_t>(n_pos - c.n_q + i);
+    const auto q = randn(c.n_q * c.n_heads * c.hd);
+    const float scale = 1.0f / std::sqrt(static_cast<float>(c.hd));
+    ef::AttentionArgs args;
+    args.q = q.data(), args.n_q = c.n_q, args.n_heads = c.n_heads, args.q_pos = q_pos.data();
+    args.window = c.window, args.scale = scale, args.softcap = c.softcap;
+    auto run = [&] {
+      std::vector<float> out(c.n_q * c.n_heads * c.hd, 123.0f);
+      ef::AttentionArgs a2 = args;
+      a2.out = out.data();
+      ef::attention(cache, a2);
+      return out;
+    };
+    const auto want = under("ref", run);
+    const auto got = run();
+    std::vector<float> Kf(c.n_kv * c.cap * c.hd), Vf(Kf.size());
+    ef::kv_read(cache, Kf.data(), Vf.data());
+    const std::vector<uint8_t> no_mask(c.n_q * c.cap, 1);
+    const auto exact = naive(c, q, Kf, Vf, slot_pos, q_pos, no_mask, scale);
+    const std::string tag = "kivi2 n_kv=" + std::to_string(c.n_kv) + " hd=" + std::to_string(c.hd) +
+                            " cap=" + std::to_string(c.cap) + " window=" + std::to_string(c.window);
+    const auto e = rel_err(got, want, {1.0});
+    expect(e.max_err <= 2e-5, "attention vs reference " + tag + ": " + std::to_string(e.max_err));
+    const auto es = rel_err(want, exact, {1.0});
+    expect(es.max_err <= 2e-5, "attention reference vs exact math " + tag + ": " + std::to_string(es.max_err));
+  }
 }
 
 }  // namespace
@@ -112,6 +168,7 @@ void test_attention() {
   }
   note_impl("attention_f16");
   note_impl("attention_q8_0");
+  test_attention_kivi2();
 }
 
 }  // namespace eftest

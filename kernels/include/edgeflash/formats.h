@@ -13,7 +13,10 @@ namespace ef {
 
 // Every weight format a model file may hold. The ones after q4_lut are storage formats only: they
 // are read from GGUF files and converted at load (the kernel table has no entry for them).
-enum class Format : int { f32 = 0, f16, q8_0, q4_0, q4_1, q5_0, q4_k, q6_k, q4_lut, bf16, q5_1, q2_k, q3_k, q5_k, count };
+// kivi2 is a KV cache format only, never a weight (kernels.h: KvCache); Python's format table omits it.
+enum class Format : int {
+  f32 = 0, f16, q8_0, q4_0, q4_1, q5_0, q4_k, q6_k, q4_lut, bf16, q5_1, q2_k, q3_k, q5_k, kivi2, count
+};
 constexpr int kFormatCount = static_cast<int>(Format::count);
 
 // The one table of format geometry (formats.cpp); Python reads it through the bindings.

@@ -121,17 +121,43 @@ void ffn_sparse(const NeuronArena& arena, const float* x, int64_t n_tok, const i
 
 // ---------------------------------------------------------------- attention over a KV cache
 
-// K and V are each [n_kv_heads, capacity, kv_row_bytes(fmt, head_dim)] bytes, fmt f16 or q8_0.
+// K and V take kv_key_bytes and kv_value_bytes (together kv_cache_bytes) for these arguments.
 // slot_pos[capacity] holds the position stored in each slot (-1 = empty): a ring buffer works.
+//   f16, q8_0: K and V are each [n_kv_heads, capacity, kv_row_bytes(fmt, head_dim)], a vector per slot.
+//   kivi2 (KIVI, 2-bit codes): per KV head, a 2-bit store of `capacity` slots, then f16 vectors: the
+//     sink (positions 0..kKiviGroup-1) and a ring of kv_recent_slots(capacity). Keys are quantized
+//     per channel, a scale and minimum per kKiviKeyGroup positions (blocks of kKiviGroup
+//     positions: f16 scales [hd][2], f16 minimums [hd][2], then 8 bytes of codes per channel);
+//     values per position in groups of kKiviGroup channels (format kivi2 rows: f16 scale, f16
+//     minimum, 8 bytes of codes). A position enters the ring; its block moves to the store (is
+//     sealed) once a write starts kKiviRecent positions past the block's last; block 0 moves to
+//     the sink instead. Position p lives in slot p % capacity (capacity a multiple of kKiviGroup);
+//     `sealed` holds the first position not yet moved.
 struct KvCache {
   uint8_t* k = nullptr;
   uint8_t* v = nullptr;
-  size_t size_bytes = 0;  // of each of k and v
+  size_t size_bytes = 0;  // of k, and of v unless v_size_bytes is set
   Format fmt = Format::f16;
   int64_t n_kv_heads = 0, capacity = 0, head_dim = 0;
   int32_t* slot_pos = nullptr;
+  int64_t* sealed = nullptr;  // kivi2 only
+  size_t v_size_bytes = 0;    // 0: size_bytes
+  bool wraps = true;          // kivi2: positions may pass the capacity (a ring); if not, block 0 has no store
 };
-size_t kv_row_bytes(Format fmt, int64_t head_dim);
+constexpr int64_t kKiviGroup = 32;     // positions per block, channels per value group
+constexpr int64_t kKiviKeyGroup = 16;  // positions per key scale
+constexpr int64_t kKiviRecent = 64;    // positions before a decoded token it sees in f16 (at least)
+constexpr int64_t kKiviMaxWrite = 32;  // positions written as one run (the ring has room for them)
+size_t kv_row_bytes(Format fmt, int64_t head_dim);  // f16 and q8_0
+// Slots a cache of `fmt` keeps for `slots` wanted (kivi2 rounds up to whole blocks).
+int64_t kv_capacity(Format fmt, int64_t slots);
+// Bytes of K, of V and of both: the one count the engine allocates and its memory plan uses.
+size_t kv_key_bytes(Format fmt, int64_t n_kv_heads, int64_t capacity, int64_t head_dim, bool wraps = true);
+size_t kv_value_bytes(Format fmt, int64_t n_kv_heads, int64_t capacity, int64_t head_dim, bool wraps = true);
+size_t kv_cache_bytes(Format fmt, int64_t n_kv_heads, int64_t capacity, int64_t head_dim, bool wraps = true);
+int64_t kv_recent_slots(int64_t capacity);  // kivi2: f16 ring vectors per KV head
+// The keys and values attention reads, as f32 [n_kv_heads, capacity, head_dim] (zeros for empty slots).
+void kv_read(const KvCache& cache, float* k, float* v);
 
 struct AttentionArgs {
   const float* q = nullptr;        // [n_q, n_heads, head_dim]
@@ -148,6 +174,8 @@ struct AttentionArgs {
 // A query that sees no key gets a zero output row.
 void attention(const KvCache& cache, const AttentionArgs& args);
 // Stores k, v ([n, n_kv_heads, head_dim] f32) into slots[n] and sets slot_pos[slots[i]] = positions[i].
+// kivi2: slots[i] must be positions[i] % capacity, positions at or past `sealed`, and a block is
+// sealed only once all its positions were written.
 void kv_write(const KvCache& cache, const float* k, const float* v, int64_t n, const int32_t* slots,
               const int32_t* positions);
 

@@ -1,0 +1,122 @@
+"""The kivi2 KV cache (KIVI's 2-bit keys per channel, values per token, the newest positions and
+the first block in f16) against a numpy implementation of the same quantization: what attention
+reads must match it bit for bit, and attention over the cache must equal f16 attention over
+those values."""
+
+from __future__ import annotations
+
+import edgeflash.kernels as K
+import numpy as np
+import pytest
+
+G, GK, R, W = (K.KIVI[k] for k in ("group", "key_group", "recent", "max_write"))
+
+
+def _quantize_groups(x: np.ndarray) -> np.ndarray:
+    """Asymmetric 2-bit round-to-nearest along the last axis (groups of G): scale and minimum are
+    rounded to f16 first and the codes fit to them; returns the f16 values attention reads."""
+    lo, hi = x.min(-1, keepdims=True), x.max(-1, keepdims=True)
+    d = ((hi - lo) / np.float32(3)).astype(np.float16).astype(np.float32)
+    m = lo.astype(np.float16).astype(np.float32)
+    inv = np.where(d > 0, np.float32(1) / np.where(d > 0, d, np.float32(1)), np.float32(0)).astype(np.float32)
+    q = np.clip(np.rint((x - m) * inv), 0, 3).astype(np.float32)
+    return (m + d * q).astype(np.float16)
+
+
+def _expected(keys: np.ndarray, values: np.ndarray, cap: int,
+              batch: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, int]:
+    """keys, values: [P, n_kv, hd] float32 written at positions 0..P-1, `batch` per call -> the
+    slots' f32 keys and values [n_kv, cap, hd], slot_pos and the sealed position."""
+    P, n_kv, hd = keys.shape
+    # Blocks ending R or more before a run's first position are sealed when the run is written
+    # (a run: W positions of one call); block 0 goes to the f16 sink.
+    last_run = max(p0 + r for p0 in range(0, P, batch) for r in range(0, min(batch, P - p0), W))
+    sealed = max(0, (last_run - R) // G * G)
+    k16, v16 = keys.astype(np.float16).astype(np.float32), values.astype(np.float16).astype(np.float32)
+    kq, vq = k16.astype(np.float16), v16.astype(np.float16)
+    if sealed > G:
+        n = sealed - G
+        kb = k16[G:sealed].reshape(n // GK, GK, n_kv, hd).transpose(0, 2, 3, 1)  # [groups, n_kv, hd, GK]
+        kq[G:sealed] = _quantize_groups(kb).transpose(0, 3, 1, 2).reshape(n, n_kv, hd)
+        vq[G:sealed] = _quantize_groups(v16[G:sealed].reshape(n, n_kv, hd // G, G)).reshape(n, n_kv, hd)
+    kf, vf = np.zeros((n_kv, cap, hd), np.float32), np.zeros((n_kv, cap, hd), np.float32)
+    slot_pos = np.full(cap, -1, np.int32)
+    for p in range(max(0, P - cap), P):
+        kf[:, p % cap], vf[:, p % cap], slot_pos[p % cap] = kq[p], vq[p], p
+    return kf, vf, slot_pos, sealed
+
+
+def _fill(n_kv: int, cap: int, hd: int, P: int, batch: int, rng: np.random.Generator):
+    cache = K.new_kv_cache(n_kv, cap, hd, "kivi2", wraps=P > cap)
+    # Keys with outlier channels (as real models have: the reason keys are quantized per channel).
+    outliers = np.where(np.arange(hd) % 17 == 3, 20.0, 1.0).astype(np.float32)
+    keys = rng.standard_normal((P, n_kv, hd)).astype(np.float32) * outliers
+    values = rng.standard_normal((P, n_kv, hd)).astype(np.float32)
+    for p0 in range(0, P, batch):
+        pos = np.arange(p0, min(P, p0 + batch), dtype=np.int32)
+        K.kv_write(cache[0], cache[1], cache[2], keys[pos], values[pos], pos % cap, pos, sealed=cache[3])
+    return cache, keys, values
+
+
+@pytest.mark.parametrize("n_kv,cap,hd,P,batch", [
+    (1, 256, 256, 200, 64),   # Gemma-like head_dim, prefill chunks, no wrap
+    (3, 160, 64, 400, 7),     # GQA, a ring buffer that wraps (a sliding layer)
+    (2, 96, 128, 50, 1),      # decode one at a time, nothing old enough to seal yet
+    (2, 224, 32, 224, 16),    # exactly full
+    (1, 320, 64, 300, 1),     # decode one at a time
+])
+def test_kivi2_reads_match_numpy_exactly(isa, n_kv, cap, hd, P, batch, rng):
+    cache, keys, values = _fill(n_kv, cap, hd, P, batch, rng)
+    kf, vf, slot_pos, sealed = _expected(keys, values, cap, batch)
+    assert sealed > G or P < 2 * G + R  # the cases reach the 2-bit store where they can
+    assert int(cache[3][0]) == sealed
+    np.testing.assert_array_equal(cache[2], slot_pos)
+    got_k, got_v = K.kv_read(*cache[:3], hd, sealed=cache[3])
+    np.testing.assert_array_equal(got_k, kf)
+    np.testing.assert_array_equal(got_v, vf)
+
+
+@pytest.mark.parametrize("n_kv,n_heads,cap,hd,P,n_q,window", [
+    (1, 4, 256, 256, 230, 3, 0),
+    (2, 6, 192, 64, 400, 5, 150),  # wrapped ring with a sliding window
+])
+def test_kivi2_attention_is_f16_attention_over_its_values(isa, threads, n_kv, n_heads, cap, hd, P, n_q, window,
+                                                          rng):
+    cache, _, _ = _fill(n_kv, cap, hd, P, 64, rng)
+    kf, vf = K.kv_read(*cache[:3], hd, sealed=cache[3])
+    k16, v16 = kf.astype(np.float16), vf.astype(np.float16)
+    q = rng.standard_normal((n_q, n_heads, hd)).astype(np.float32)
+    q_pos = np.arange(P - n_q, P, dtype=np.int32)
+    scale = 1.0 / np.sqrt(hd)
+    got = K.attention(q, cache[0], cache[1], cache[2], q_pos, scale=scale, window=window, sealed=cache[3])
+    want = K.attention(q, k16, v16, cache[2].copy(), q_pos, scale=scale, window=window)
+    np.testing.assert_array_equal(got, want)
+
+
+def test_kivi2_memory_is_under_0_3x_f16_at_long_contexts():
+    # Per position: keys 2 bits + an f16 scale and minimum per 16 (4 bits), values 2 bits + the
+    # same per 32 (3 bits); per KV head the sink and the ring: G + R + G + W - 1 f16 vectors; a
+    # cache that never wraps has no 2-bit store for the sink's block.
+    for cap, hd in [(2048, 64), (4096, 128), (576, 256)]:
+        f16 = K.kv_cache_bytes("f16", 2, cap, hd)
+        ring = (G + min(R + G + W - 1, cap)) / cap
+        assert K.kv_cache_bytes("kivi2", 2, cap, hd) / f16 == pytest.approx((4 + 3) / 32 + ring)
+        no_ring = K.kv_cache_bytes("kivi2", 2, cap, hd, wraps=False) / f16
+        assert no_ring == pytest.approx((4 + 3) / 32 * (cap - G) / cap + ring)
+    assert K.kv_cache_bytes("kivi2", 2, 2048, 64, wraps=False) < 0.3 * K.kv_cache_bytes("f16", 2, 2048, 64)
+
+
+def test_kivi2_rejects_what_it_cannot_hold():
+    k, v, sp, sealed = K.new_kv_cache(1, 128, 64, "kivi2")
+    x = np.zeros((1, 1, 64), np.float32)
+    with pytest.raises(ValueError, match="in slot 5, got slot 6"):
+        K.kv_write(k, v, sp, x, x, [6], [5], sealed=sealed)
+    with pytest.raises(ValueError, match="never written"):  # a gap: block 0 cannot be sealed
+        K.kv_write(k, v, sp, x, x, [R + G], [R + G], sealed=sealed)
+    k2, v2, sp2, sealed2 = K.new_kv_cache(1, 128, 64, "kivi2", wraps=False)
+    with pytest.raises(ValueError, match="without a ring buffer"):
+        K.kv_write(k2, v2, sp2, x, x, [0], [128], sealed=sealed2)
+    with pytest.raises(ValueError, match="multiple of 32"):
+        K.new_kv_cache(1, 100, 64, "kivi2")
+    with pytest.raises(ValueError, match="multiple of 32"):
+        K.new_kv_cache(1, 128, 48, "kivi2")
