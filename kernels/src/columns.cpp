@@ -12,7 +12,12 @@
 
 namespace ef {
 
-void matmul_columns(const WeightMatrix& w, const float* h, int64_t n, float* y) {
+bool prefers_int8_columns(Format fmt) {
+  const Entry<ColumnsQ8Fn>& e = kernels().columns_q8[static_cast<int>(fmt)];
+  return e.fn && std::string(e.isa) != "ref";
+}
+
+void matmul_columns(const WeightMatrix& w, const float* h, int64_t n, float* y, ColumnActs acts) {
   if (w.layout != Layout::rows) throw KernelError("matmul_columns: the matrix must be in the row layout");
   check_cols(w.fmt, w.cols, "matmul_columns");
   if (w.rows <= 0 || n <= 0) throw KernelError("matmul_columns: rows and tokens must be positive");
@@ -22,6 +27,10 @@ void matmul_columns(const WeightMatrix& w, const float* h, int64_t n, float* y) 
   if (w.size_bytes < static_cast<size_t>(w.rows - 1) * stride + rb)
     throw KernelError("matmul_columns: the weight buffer is smaller than its rows");
   const DownRowsFn down = kernels().ffn_down[int(w.fmt)].fn;
+  const ColumnsQ8Fn int8 = acts == ColumnActs::f32 ? nullptr : kernels().columns_q8[int(w.fmt)].fn;
+  if (acts != ColumnActs::f32 && !int8)
+    throw KernelError(std::string("matmul_columns: no int8 product for ") + fi.name + " columns (use f32)");
+  const int passes = acts == ColumnActs::q8x2 ? 2 : 1;
   // Column ranges are whole blocks (16 values at least, the down kernels' half-block sums); a row
   // header (q4_lut's levels) belongs to the whole row, so such rows are not split.
   const int64_t unit = std::max<int64_t>(fi.block_elems, 32);
@@ -38,8 +47,11 @@ void matmul_columns(const WeightMatrix& w, const float* h, int64_t n, float* y) 
     float* part = y;
     if (width != w.cols) part = scratch_floats(static_cast<size_t>(n * width), 1);
     std::fill(part, part + n * width, 0.0f);
-    float* bsum = scratch_floats(down_scratch_floats(n, width), 0);
-    down(rows.data(), h, w.rows, n, width, part, bsum);
+    if (int8) {
+      int8(rows.data(), h, w.rows, n, width, part, scratch_floats(columns_q8_scratch_floats(n, width, passes), 0), passes);
+    } else {
+      down(rows.data(), h, w.rows, n, width, part, scratch_floats(down_scratch_floats(n, width), 0));
+    }
     if (part != y)
       for (int64_t t = 0; t < n; ++t)
         std::memcpy(y + t * w.cols + c0, part + t * width, static_cast<size_t>(width) * sizeof(float));

@@ -63,6 +63,18 @@ inline size_t down_scratch_floats(int64_t n_tok, int64_t dm) {
 using DownRowsFn = void (*)(const uint8_t* const* rows, const float* h, int64_t cnt, int64_t n_tok, int64_t dm,
                             float* out, float* scratch);
 
+// matmul_columns on int8 coefficients (ColumnActs q8 / q8x2 in kernels.h): y[t, :] += the product
+// of cnt columns of dm elements, with `passes` (1 or 2) int8 quantizations of h * scale per token,
+// output block and group of kColumnGroup rows. scratch: columns_q8_scratch_floats(n_tok, dm, passes).
+constexpr int64_t kColumnGroup = 32;
+inline size_t columns_q8_scratch_floats(int64_t n_tok, int64_t dm, int passes) {
+  const int64_t nb = dm / 32, v = n_tok * passes;
+  // group scales [nb][32], codes [v][nb][32] int8, scales [v][nb], code sums [v][nb] int32
+  return static_cast<size_t>(32 * nb + 8 * v * nb + 2 * v * nb + 16);
+}
+using ColumnsQ8Fn = void (*)(const uint8_t* const* rows, const float* h, int64_t cnt, int64_t n_tok, int64_t dm,
+                             float* out, float* scratch, int passes);
+
 // One chunk of slots [0, c) of one KV head for R query rows, flash-attention style: scores,
 // visibility, online softmax (running max m and sum l per row), accumulate into acc.
 struct AttnChunk {
@@ -107,6 +119,7 @@ struct KernelTable {
   Entry<DequantRowFn> dequant[kFormatCount];
   Entry<QuantizeActsFn> quantize_acts;
   Entry<DownRowsFn> ffn_down[kFormatCount];
+  Entry<ColumnsQ8Fn> columns_q8[kFormatCount];  // q8_0
   Entry<AttnChunkFn> attn_chunk[2];          // [0] f16 cache, [1] q8_0 cache
   Entry<RmsNormFn> rms_norm;
   Entry<RopeApplyFn> rope_apply;

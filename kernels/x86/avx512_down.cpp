@@ -162,6 +162,142 @@ void ffn_down_tiled(const uint8_t* const* rows, const float* h, int64_t cnt, int
   }
 }
 
+// ---------------------------------------------------------------- q8_0 columns, int8 coefficients
+// matmul_columns with ColumnActs q8 / q8x2; the definition is the scalar twin's (ref_linear.cpp),
+// reproduced bit for bit. Per group of 32 columns (rows of the matrix): their block scales are read
+// once, every token's coefficients h * scale are quantized per block into int8 scratch, then each
+// block of 32 outputs is two 16-lane int32 products: the codes of 4 columns are interleaved into
+// the 4 bytes of each lane (two unpacks and a 128-bit shuffle), offset to unsigned (+128, taken
+// back through the coefficient sum), and one vpdpbusd adds 4 columns x 4 coefficients per lane.
+// The interleaved registers of a block are built once and shared by every token of the batch.
+
+typedef int32_t __attribute__((may_alias, aligned(1))) unaligned_i32;
+
+// Lanes of the two product registers hold outputs W0: [0-3, 16-19, 8-11, 24-27] and
+// W1: [4-7, 20-23, 12-15, 28-31]; kNat[c] is output c's lane as a permutex2var index (16 + l: W1).
+struct NatIdx {
+  int32_t v[32];
+};
+constexpr NatIdx nat_index() {
+  NatIdx n{};
+  constexpr int kQuadBase[4] = {0, 16, 8, 24};
+  for (int l = 0; l < 16; ++l) {
+    n.v[kQuadBase[l / 4] + l % 4] = l;
+    n.v[kQuadBase[l / 4] + 4 + l % 4] = 16 + l;
+  }
+  return n;
+}
+alignas(64) constexpr NatIdx kNat = nat_index();
+
+// Codes 0-31 of columns r[0..3] at byte `off` -> W[0], W[1] (lane order above), signed.
+inline void interleave4(const uint8_t* const* r, size_t off, __m512i W[2]) {
+  auto ld = [&](int i) { return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(r[i] + off)); };
+  const __m512i P = _mm512_inserti64x4(_mm512_castsi256_si512(ld(0)), ld(2), 1);
+  const __m512i Q = _mm512_inserti64x4(_mm512_castsi256_si512(ld(1)), ld(3), 1);
+  const __m512i lo = _mm512_unpacklo_epi8(P, Q), hi = _mm512_unpackhi_epi8(P, Q);
+  const __m512i R = _mm512_shuffle_i64x2(lo, hi, 0x44), S = _mm512_shuffle_i64x2(lo, hi, 0xEE);
+  W[0] = _mm512_unpacklo_epi16(R, S);
+  W[1] = _mm512_unpackhi_epi16(R, S);
+}
+
+// Coefficient rows v0 .. v0 + NT - 1 (row v: token v / passes, pass v % passes) against block b.
+// Coefficient codes are stored + 128 (unsigned, for vpdpbusd); `corr` = 128 x the columns' code sums
+// per lane starts every sum, so what is left is sum p c.
+template <int NT>
+inline void columns_tile(const __m512i (*W)[2], const __m512i corr[2], const int8_t* codes, const float* vs,
+                         int64_t nb, int64_t b, int64_t v0, int passes, float* out, int64_t dm) {
+  __m512i acc[NT][2];
+  for (int t = 0; t < NT; ++t) acc[t][0] = corr[0], acc[t][1] = corr[1];
+  for (int k = 0; k < 8; ++k)
+    for (int t = 0; t < NT; ++t) {
+      const int8_t* p = codes + ((v0 + t) * nb + b) * 32 + 4 * k;
+      const __m512i a = _mm512_set1_epi32(*reinterpret_cast<const unaligned_i32*>(p));
+      acc[t][0] = _mm512_dpbusd_epi32(acc[t][0], a, W[k][0]);
+      acc[t][1] = _mm512_dpbusd_epi32(acc[t][1], a, W[k][1]);
+    }
+  const __m512i i0 = _mm512_load_si512(kNat.v), i1 = _mm512_load_si512(kNat.v + 16);
+  for (int t = 0; t < NT; ++t) {
+    const int64_t v = v0 + t;
+    const __m512i a0 = acc[t][0], a1 = acc[t][1];
+    const __m512 s = _mm512_set1_ps(vs[v * nb + b]);
+    float* o = out + (v / passes) * dm + 32 * b;
+    _mm512_storeu_ps(o, _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_permutex2var_epi32(a0, i0, a1)), s, _mm512_loadu_ps(o)));
+    _mm512_storeu_ps(o + 16,
+                     _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_permutex2var_epi32(a0, i1, a1)), s, _mm512_loadu_ps(o + 16)));
+  }
+}
+
+void columns_q8_0(const uint8_t* const* rows, const float* h, int64_t cnt, int64_t n_tok, int64_t dm, float* out,
+                  float* scratch, int passes) {
+  const int64_t nb = dm / 32, nv = n_tok * passes;
+  float* sc = scratch;                                           // [nb][32] block scales of the group
+  int8_t* codes = reinterpret_cast<int8_t*>(scratch + 32 * nb);  // [nv][nb][32]
+  float* vs = scratch + 32 * nb + 8 * nv * nb;                   // [nv][nb] coefficient scales
+  const size_t col_bytes = static_cast<size_t>(nb) * 34;
+  for (int64_t i0 = 0; i0 < cnt; i0 += kColumnGroup) {
+    const int64_t gn = std::min<int64_t>(kColumnGroup, cnt - i0);
+    const uint8_t* r[kColumnGroup];  // rows past the end repeat the first (their coefficients are 0)
+    for (int i = 0; i < kColumnGroup; ++i) r[i] = rows[i0 + (i < gn ? i : 0)];
+    // The next group's columns, requested while this one computes (an arena read in place has its
+    // columns a bundle apart, which the hardware prefetcher does not follow).
+    const int64_t next = i0 + kColumnGroup, next_n = std::max<int64_t>(0, std::min<int64_t>(kColumnGroup, cnt - next));
+    const size_t lines = (col_bytes + 63) / 64;
+    // line l of every next column is requested at block l * nb / lines of the products below
+    auto prefetch_next = [&](int64_t b) {
+      const size_t l0 = static_cast<size_t>(b) * lines / nb, l1 = static_cast<size_t>(b + 1) * lines / nb;
+      for (size_t l = l0; l < l1; ++l)
+        for (int64_t i = 0; i < next_n; ++i) _mm_prefetch(reinterpret_cast<const char*>(rows[next + i]) + 64 * l, _MM_HINT_T0);
+    };
+    for (int i = 0; i < kColumnGroup; ++i)
+      for (int64_t b = 0; b < nb; ++b) sc[32 * b + i] = i < gn ? h2f(r[i] + 34 * b) : 0.0f;
+    const __mmask16 m0 = static_cast<__mmask16>(gn >= 16 ? 0xFFFF : (1u << gn) - 1);
+    const __mmask16 m1 = static_cast<__mmask16>(gn >= 32 ? 0xFFFF : gn > 16 ? (1u << (gn - 16)) - 1 : 0);
+    const __m512i lim = _mm512_set1_epi32(127), nlim = _mm512_set1_epi32(-127);
+    for (int64_t t = 0; t < n_tok; ++t) {
+      const __m512 h0 = _mm512_maskz_loadu_ps(m0, h + t * cnt + i0), h1 = _mm512_maskz_loadu_ps(m1, h + t * cnt + i0 + 16);
+      for (int64_t b = 0; b < nb; ++b) {
+        __m512 g0 = _mm512_mul_ps(h0, _mm512_loadu_ps(sc + 32 * b)), g1 = _mm512_mul_ps(h1, _mm512_loadu_ps(sc + 32 * b + 16));
+        for (int pass = 0; pass < passes; ++pass) {
+          const int64_t v = t * passes + pass;
+          const float amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(g0), _mm512_abs_ps(g1)));
+          const float s = amax / 127.0f, id = s != 0.0f ? 1.0f / s : 0.0f;
+          const __m512 idv = _mm512_set1_ps(id), sv = _mm512_set1_ps(s);
+          const __m512i p0 = _mm512_max_epi32(_mm512_min_epi32(_mm512_cvtps_epi32(_mm512_mul_ps(g0, idv)), lim), nlim);
+          const __m512i p1 = _mm512_max_epi32(_mm512_min_epi32(_mm512_cvtps_epi32(_mm512_mul_ps(g1, idv)), lim), nlim);
+          int8_t* cv = codes + (v * nb + b) * 32;
+          const __m512i off = _mm512_set1_epi32(128);
+          _mm_storeu_si128(reinterpret_cast<__m128i*>(cv), _mm512_cvtepi32_epi8(_mm512_add_epi32(p0, off)));
+          _mm_storeu_si128(reinterpret_cast<__m128i*>(cv + 16), _mm512_cvtepi32_epi8(_mm512_add_epi32(p1, off)));
+          vs[v * nb + b] = s;
+          g0 = _mm512_fnmadd_ps(sv, _mm512_cvtepi32_ps(p0), g0);  // the residual, for the next pass
+          g1 = _mm512_fnmadd_ps(sv, _mm512_cvtepi32_ps(p1), g1);
+        }
+      }
+    }
+    for (int64_t b = 0; b < nb; ++b) {
+      prefetch_next(b);
+      __m512i W[8][2];
+      __m512i corr[2] = {_mm512_setzero_si512(), _mm512_setzero_si512()};
+      const __m512i u128 = _mm512_set1_epi8(static_cast<char>(0x80));  // 128 as the unsigned operand
+      for (int k = 0; k < 8; ++k) {
+        interleave4(r + 4 * k, static_cast<size_t>(34 * b + 2), W[k]);
+        corr[0] = _mm512_dpbusd_epi32(corr[0], u128, W[k][0]);  // 128 x the code sums, negated below
+        corr[1] = _mm512_dpbusd_epi32(corr[1], u128, W[k][1]);
+      }
+      corr[0] = _mm512_sub_epi32(_mm512_setzero_si512(), corr[0]);
+      corr[1] = _mm512_sub_epi32(_mm512_setzero_si512(), corr[1]);
+      int64_t v = 0;
+      for (; v + 4 <= nv; v += 4) columns_tile<4>(W, corr, codes, vs, nb, b, v, passes, out, dm);
+      switch (nv - v) {
+        case 3: columns_tile<3>(W, corr, codes, vs, nb, b, v, passes, out, dm); break;
+        case 2: columns_tile<2>(W, corr, codes, vs, nb, b, v, passes, out, dm); break;
+        case 1: columns_tile<1>(W, corr, codes, vs, nb, b, v, passes, out, dm); break;
+        default: break;
+      }
+    }
+  }
+}
+
 }  // namespace
 }  // namespace ef::x86
 
@@ -172,5 +308,6 @@ void install_avx512_down(KernelTable& t) {
   t.ffn_down[int(Format::q8_0)].set(ffn_down_tiled<DQ8_0>, n);
   t.ffn_down[int(Format::q4_0)].set(ffn_down_tiled<DQ4_0>, n);
   t.ffn_down[int(Format::q5_0)].set(ffn_down_tiled<DQ5_0>, n);
+  t.columns_q8[int(Format::q8_0)].set(columns_q8_0, n);
 }
 }  // namespace ef

@@ -155,6 +155,7 @@ class Engine {
   // The gate, up and down parts of an arena as strided matrices (read in place).
   void arena_parts(int64_t layer, const WeightMatrix& a, WeightMatrix* gate_up, WeightMatrix* down) const;
   void ffn_from_arena(int64_t layer, const WeightMatrix& arena, const float* x, int64_t n, float* out);
+  ColumnActs column_acts(Format fmt) const;
   void build_attention_mask(int64_t layer, int64_t n, const uint8_t* tree_mask);
   void embed(const int32_t* tokens, int64_t n, float* x);
   void complete(PartialSums::Point point, int64_t layer, float* x, int64_t count);
