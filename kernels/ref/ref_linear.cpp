@@ -1,6 +1,7 @@
 // Reference GEMM, dequantization and activation quantization: plain loops, double accumulators.
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <vector>
 
 #include "kernel_table.h"
@@ -151,6 +152,26 @@ void columns_q8_0(const uint8_t* const* rows, const float* h, int64_t cnt, int64
     }
 }
 
+// Column panels (pack_columns): each group's rows copied back to q8_0 rows, then the product above.
+void columns_q8_0_packed(const uint8_t* packed, int64_t rows, int64_t nb, int64_t b0, int64_t nbw, const float* h,
+                         int64_t n_tok, float* out, float* scratch, int passes) {
+  const size_t group_bytes = static_cast<size_t>(kColumnGroup) * nb * 34;
+  std::vector<uint8_t> buf(static_cast<size_t>(rows) * nbw * 34);
+  std::vector<const uint8_t*> ptrs(static_cast<size_t>(rows));
+  for (int64_t r = 0; r < rows; ++r) {
+    const uint8_t* g = packed + static_cast<size_t>(r / kColumnGroup) * group_bytes;
+    const int64_t i = r % kColumnGroup, k = i / 4, j = i % 4;
+    uint8_t* row = buf.data() + static_cast<size_t>(r) * nbw * 34;
+    for (int64_t b = 0; b < nbw; ++b) {
+      std::memcpy(row + 34 * b, g + (i * nb + b0 + b) * 2, 2);
+      const uint8_t* cb = g + 64 * nb + (b0 + b) * 1024 + 128 * k;
+      for (int c = 0; c < 32; ++c) row[34 * b + 2 + c] = cb[4 * kColumnLane.v[c] + j];  // lane 16 + l: W1 at +64
+    }
+    ptrs[r] = row;
+  }
+  columns_q8_0(ptrs.data(), h, rows, n_tok, 32 * nbw, out, scratch, passes);
+}
+
 }  // namespace
 
 void install_linear(KernelTable& t) {
@@ -190,6 +211,7 @@ void install_linear(KernelTable& t) {
   t.ffn_down[int(Format::q6_k)].set(ffn_down<Format::q6_k>, n);
   t.ffn_down[int(Format::q4_lut)].set(ffn_down<Format::q4_lut>, n);
   t.columns_q8[int(Format::q8_0)].set(columns_q8_0, n);
+  t.columns_q8_packed[int(Format::q8_0)].set(columns_q8_0_packed, n);
 }
 
 }  // namespace ef::ref

@@ -12,13 +12,71 @@
 
 namespace ef {
 
+namespace {
+
+void matmul_column_panels(const WeightMatrix& w, const float* h, int64_t n, float* y, ColumnActs acts) {
+  if (w.fmt != Format::q8_0 || acts == ColumnActs::f32)
+    throw KernelError("matmul_columns: column panels hold q8_0 columns for the int8 product (acts q8 or q8x2)");
+  if (w.rows <= 0 || w.rows % kColumnGroup || n <= 0)
+    throw KernelError("matmul_columns: column panels need rows a multiple of 32 and tokens > 0");
+  check_cols(w.fmt, w.cols, "matmul_columns");
+  if (!w.data || !h || !y) throw KernelError("matmul_columns: a buffer is null");
+  if (w.size_bytes < static_cast<size_t>(w.rows) * row_bytes(w.fmt, w.cols))
+    throw KernelError("matmul_columns: the weight buffer is smaller than its column panels");
+  const ColumnsPackedFn fn = kernels().columns_q8_packed[int(w.fmt)].fn;
+  const int passes = acts == ColumnActs::q8x2 ? 2 : 1;
+  const int64_t nb = w.cols / 32, tasks = std::min<int64_t>(get_num_threads(), nb);
+  ThreadPool::global().run(tasks, [&](int64_t task, int) {
+    int64_t b0, b1;
+    split_range(nb, tasks, task, &b0, &b1);
+    const int64_t width = 32 * (b1 - b0);
+    float* part = width == w.cols ? y : scratch_floats(static_cast<size_t>(n * width), 1);
+    std::fill(part, part + n * width, 0.0f);
+    fn(w.data, w.rows, nb, b0, b1 - b0, h, n, part, scratch_floats(columns_q8_scratch_floats(n, width, passes), 0), passes);
+    if (part != y)
+      for (int64_t t = 0; t < n; ++t)
+        std::memcpy(y + t * w.cols + 32 * b0, part + t * width, static_cast<size_t>(width) * sizeof(float));
+  });
+}
+
+}  // namespace
+
 bool prefers_int8_columns(Format fmt) {
   const Entry<ColumnsQ8Fn>& e = kernels().columns_q8[static_cast<int>(fmt)];
-  return e.fn && std::string(e.isa) != "ref";
+  const Entry<ColumnsPackedFn>& p = kernels().columns_q8_packed[static_cast<int>(fmt)];
+  return e.fn && p.fn && std::string(e.isa) != "ref" && std::string(p.isa) != "ref";
+}
+
+void pack_columns(const WeightMatrix& w, uint8_t* out, size_t out_size) {
+  if (w.fmt != Format::q8_0 || w.layout != Layout::rows)
+    throw KernelError("pack_columns: column panels are for q8_0 columns in the row layout");
+  if (w.rows <= 0 || w.rows % kColumnGroup)
+    throw KernelError("pack_columns: rows must be a positive multiple of 32, got " + std::to_string(w.rows));
+  check_cols(w.fmt, w.cols, "pack_columns");
+  const size_t rb = row_bytes(w.fmt, w.cols), stride = w.stride ? w.stride : rb;
+  if (w.size_bytes < static_cast<size_t>(w.rows - 1) * stride + rb)
+    throw KernelError("pack_columns: the weight buffer is smaller than its rows");
+  if (!out || out_size < static_cast<size_t>(w.rows) * rb)
+    throw KernelError("pack_columns: the output holds fewer bytes than the matrix");
+  const int64_t nb = w.cols / 32;
+  const size_t group_bytes = static_cast<size_t>(kColumnGroup) * rb;
+  for (int64_t r = 0; r < w.rows; ++r) {
+    const uint8_t* row = w.data + static_cast<size_t>(r) * stride;
+    uint8_t* g = out + static_cast<size_t>(r / kColumnGroup) * group_bytes;
+    const int64_t i = r % kColumnGroup, k = i / 4, j = i % 4;
+    for (int64_t b = 0; b < nb; ++b) {
+      std::memcpy(g + (i * nb + b) * 2, row + 34 * b, 2);
+      uint8_t* cb = g + 64 * nb + b * 1024 + 128 * k;
+      for (int c = 0; c < 32; ++c) cb[4 * kColumnLane.v[c] + j] = row[34 * b + 2 + c];
+    }
+  }
 }
 
 void matmul_columns(const WeightMatrix& w, const float* h, int64_t n, float* y, ColumnActs acts) {
-  if (w.layout != Layout::rows) throw KernelError("matmul_columns: the matrix must be in the row layout");
+  if (w.layout == Layout::panels) {
+    matmul_column_panels(w, h, n, y, acts);
+    return;
+  }
   check_cols(w.fmt, w.cols, "matmul_columns");
   if (w.rows <= 0 || n <= 0) throw KernelError("matmul_columns: rows and tokens must be positive");
   if (!w.data || !h || !y) throw KernelError("matmul_columns: a buffer is null");

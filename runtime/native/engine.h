@@ -100,6 +100,9 @@ class Engine {
   // format: 4-bit arenas keep down at 5 bits (a block of a column spans 32 output dimensions,
   // and the residual stream's outlier dimensions cost a 4-bit column more than a 4-bit row).
   void set_arena_down_format(int64_t layer, Format fmt);
+  // The precision of the down columns' product: the activation mode's where the level has an int8
+  // product for `fmt` (then resident columns are laid out as column panels), else f32.
+  ColumnActs column_acts(Format fmt) const;
   Format arena_down_format(int64_t layer, Format arena_fmt) const {  // of the arena's down columns
     return arena_down_[layer] < 0 ? arena_fmt : static_cast<Format>(arena_down_[layer]);
   }
@@ -155,7 +158,6 @@ class Engine {
   // The gate, up and down parts of an arena as strided matrices (read in place).
   void arena_parts(int64_t layer, const WeightMatrix& a, WeightMatrix* gate_up, WeightMatrix* down) const;
   void ffn_from_arena(int64_t layer, const WeightMatrix& arena, const float* x, int64_t n, float* out);
-  ColumnActs column_acts(Format fmt) const;
   void build_attention_mask(int64_t layer, int64_t n, const uint8_t* tree_mask);
   void embed(const int32_t* tokens, int64_t n, float* x);
   void complete(PartialSums::Point point, int64_t layer, float* x, int64_t count);

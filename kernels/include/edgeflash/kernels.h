@@ -100,6 +100,12 @@ enum class ColumnActs { f32, q8, q8x2 };
 void matmul_columns(const WeightMatrix& w, const float* h, int64_t n, float* y, ColumnActs acts = ColumnActs::f32);
 // Whether `fmt` columns have an int8 product at the current level (not just its scalar twin).
 bool prefers_int8_columns(Format fmt);
+// Column panels of q8_0 columns (rows a multiple of 32), laid out at load for the int8 product: per
+// group of 32 rows, their fp16 block scales [32][blocks], then per block the codes of 4 rows at a
+// time already interleaved into the lanes the product reads (8 x 128 bytes). Same size as the rows.
+// matmul_columns runs a Layout::panels matrix of q8_0 with ColumnActs q8 / q8x2 only, with the
+// same results as from the rows.
+void pack_columns(const WeightMatrix& w, uint8_t* out, size_t out_size);
 // Only the listed rows: y[t, i] = W[rows[i]] . x[t]   y: [n, n_rows] (e.g. a shortlist of the LM head).
 void matmul_rows(const WeightMatrix& w, const int32_t* rows, int64_t n_rows, const float* x, int64_t n, float* y,
                  ActPrecision prec = ActPrecision::q8);
