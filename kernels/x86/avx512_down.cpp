@@ -219,10 +219,12 @@ inline void quantize_coefficients(const float* sc, int64_t nbp, int64_t bc, cons
     const __m512 hv = _mm512_set1_ps(i < gn ? h[i] : 0.0f);
     _mm512_store_ps(g[i], _mm512_mul_ps(hv, _mm512_loadu_ps(sc + i * nbp + bc)));
   }
+  __m512 amax = _mm512_setzero_ps();
+  for (int i = 0; i < kColumnGroup; ++i) amax = _mm512_max_ps(amax, _mm512_abs_ps(_mm512_load_ps(g[i])));
   for (int pass = 0; pass < passes; ++pass) {
-    __m512 amax = _mm512_setzero_ps();
-    for (int i = 0; i < kColumnGroup; ++i) amax = _mm512_max_ps(amax, _mm512_abs_ps(_mm512_load_ps(g[i])));
+    const bool residual = pass + 1 < passes;
     const __m512 s = _mm512_div_ps(amax, _mm512_set1_ps(127.0f));
+    amax = _mm512_setzero_ps();  // of the residuals, for the next pass
     const __m512 id = _mm512_maskz_div_ps(_mm512_cmp_ps_mask(s, _mm512_setzero_ps(), _CMP_NEQ_OQ), _mm512_set1_ps(1.0f), s);
     const int64_t v = v0 + pass;
     for (int k = 0; k < 8; ++k) {
@@ -232,7 +234,11 @@ inline void quantize_coefficients(const float* sc, int64_t nbp, int64_t bc, cons
         const __m512 x = _mm512_load_ps(gi);
         const __m512i p = _mm512_max_epi32(_mm512_min_epi32(_mm512_cvtps_epi32(_mm512_mul_ps(x, id)), lim), nlim);
         packed = _mm512_or_si512(packed, _mm512_slli_epi32(_mm512_add_epi32(p, off), 8 * j));
-        _mm512_store_ps(gi, _mm512_fnmadd_ps(s, _mm512_cvtepi32_ps(p), x));  // the residual, for the next pass
+        if (residual) {
+          const __m512 rest = _mm512_fnmadd_ps(s, _mm512_cvtepi32_ps(p), x);
+          _mm512_store_ps(gi, rest);
+          amax = _mm512_max_ps(amax, _mm512_abs_ps(rest));
+        }
       }
       _mm512_storeu_si512(cw + (v * 8 + k) * nbp + bc, packed);
     }
