@@ -106,9 +106,15 @@ def matmul_rows(w: object, fmt: str, rows: object, x: object, out: np.ndarray | 
     return out
 
 
-def matmul_columns(w: object, fmt: str, h: object, out: np.ndarray | None = None) -> np.ndarray:
+def matmul_columns(w: object, fmt: str, h: object, out: np.ndarray | None = None, *, acts: str = "f32") -> np.ndarray:
     """A matrix stored by columns (row r of W is column r of the product, e.g. a neuron's down column):
-    y[t] = sum_r h[t, r] * W[r]   -> [n, cols] (or [cols] for a 1-D h)."""
+    y[t] = sum_r h[t, r] * W[r]   -> [n, cols] (or [cols] for a 1-D h).
+
+    acts="f32" multiplies the decoded columns by h in float; "q8" / "q8x2" (q8_0 columns) quantize
+    h times each column's block scales to int8 per block of outputs and group of 32 rows (q8x2: the
+    residual once more) and run the integer products (kernels.h, ColumnActs)."""
+    if acts not in ("f32", "q8", "q8x2"):
+        raise ValueError(f"acts = {acts!r}: expected f32, q8 or q8x2")
     h0 = array("h", h, np.float32, (1, 2))
     w, rows, cols = weight_matrix(w, fmt)
     h = np.ascontiguousarray(h0.reshape(-1, h0.shape[-1]))
@@ -117,7 +123,7 @@ def matmul_columns(w: object, fmt: str, h: object, out: np.ndarray | None = None
     n = h.shape[0]
     shape = (cols,) if h0.ndim == 1 else (n, cols)
     out = out_array("out", out, shape, inputs=(("h", h), ("w", w)))
-    _native.matmul_columns(w, fmt, rows, cols, 0, h, n, out)
+    _native.matmul_columns(w, fmt, rows, cols, 0, h, n, out, acts)
     return out
 
 

@@ -409,11 +409,36 @@ def backends() -> list[str]:
         "", f"Run of {run_line(recs, run)}" + (f" ({cond['value']})." if cond else ".")]
 
 
+def kernels_side_by_side() -> list[str]:
+    """The latest side_by_side.py run of each model (one run per model: each is its own locked job)."""
+    recs = read_results("side-by-side")
+    models = unique(r["model"] for r in recs if r.get("model"))
+    latest = {m: latest_run(recs, lambda rs, m=m: any(r.get("model") == m for r in rs)) for m in models}
+    if not latest:
+        return ["(no side-by-side run recorded)"]
+    rows, runs = [], []
+    for m, run in latest.items():
+        rs = pick(recs, run=run, model=m)
+        runs.append(run)
+        for c in unique(r["config"] for r in rs):
+            v = {r["metric"]: r for r in pick(rs, config=c)}
+            rows.append([m, c, fmt_range(v.get("decode_tok_s"), 1, ""), fmt_range(v.get("decode_vs_llamacpp")),
+                         fmt(v["prefill_tok_s"]["value"]), fmt_range(v.get("prefill_vs_llamacpp")),
+                         fmt((v.get("perplexity") or {}).get("value"), 3), fmt(v["peak_rss_mb"]["value"], 0),
+                         fmt(v["loadavg_1m"]["value"])])
+    cond = one(recs, run=runs[-1], metric="conditions")
+    out = md_table(["model", "config", "decode tok/s (rounds' range)", "decode vs faster llama.cpp",
+                    "prefill tok/s", "prefill vs faster llama.cpp", "perplexity", "peak RSS MiB", "load (1 min)"],
+                   rows)
+    return out + ["", "Runs (one per model): " + "; ".join(run_line(recs, r) for r in unique(runs))
+                  + (f" ({cond['value']})." if cond else ".")]
+
+
 TABLES = {
     "memory-budget": {"compare": memory_compare, "agreement": memory_agreement},
     "benchmarks": {"peers": peers_side_by_side, "perplexity": peers_perplexity,
                    "decode-profile": decode_profile},
-    "kernels": {"gemv": kernels_gemv, "ops": kernels_ops},
+    "kernels": {"gemv": kernels_gemv, "ops": kernels_ops, "side-by-side": kernels_side_by_side},
     "speculative": {"speedup": speculative},
     "export": {"matrix": export_matrix, "time": export_time},
     "backends": {"targets": backends},

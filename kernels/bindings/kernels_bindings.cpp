@@ -138,13 +138,25 @@ void ef::bind_kernels(nb::module_& m) {
     ef::matmul_rows(wm, ip, k, xp, n, yp, precise ? ef::ActPrecision::f32 : ef::ActPrecision::q8);
   });
   m.def("matmul_columns", [](In w, const std::string& fmt, int64_t rows, int64_t cols, size_t stride, In h, int64_t n,
-                             Out y) {
-    const ef::WeightMatrix wm = weights(w, fmt, rows, cols, stride);
+                             Out y, const std::string& acts, bool panels) {
+    const ef::WeightMatrix wm = weights(w, fmt, rows, cols, stride, panels);
     const float* hp = ptr<float>(h, static_cast<size_t>(n * rows), "h");
     float* yp = ptr<float>(y, static_cast<size_t>(n * cols), "out");
+    ef::ColumnActs a = ef::ColumnActs::f32;
+    if (acts == "q8") a = ef::ColumnActs::q8;
+    else if (acts == "q8x2") a = ef::ColumnActs::q8x2;
+    else if (acts != "f32") throw ef::KernelError("matmul_columns: acts = '" + acts + "', expected f32, q8 or q8x2");
     nb::gil_scoped_release release;
-    ef::matmul_columns(wm, hp, n, yp);
+    ef::matmul_columns(wm, hp, n, yp, a);
+  }, nb::arg("w"), nb::arg("fmt"), nb::arg("rows"), nb::arg("cols"), nb::arg("stride"), nb::arg("h"), nb::arg("n"),
+     nb::arg("y"), nb::arg("acts") = "f32", nb::arg("panels") = false);
+  m.def("pack_columns", [](In w, const std::string& fmt, int64_t rows, int64_t cols, Out out) {
+    const ef::WeightMatrix wm = weights(w, fmt, rows, cols, 0);
+    uint8_t* op = ptr<uint8_t>(out, wm.size_bytes, "out");
+    nb::gil_scoped_release release;
+    ef::pack_columns(wm, op, wm.size_bytes);
   });
+  m.def("prefers_int8_columns", [](const std::string& fmt) { return ef::prefers_int8_columns(fmt_of(fmt)); });
   m.def("dequantize", [](In w, const std::string& fmt, int64_t rows, int64_t cols, size_t stride,
                          std::optional<In> ids, Out out) {
     const ef::WeightMatrix wm = weights(w, fmt, rows, cols, stride);

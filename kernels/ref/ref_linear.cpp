@@ -1,6 +1,7 @@
 // Reference GEMM, dequantization and activation quantization: plain loops, double accumulators.
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <vector>
 
 #include "kernel_table.h"
@@ -117,6 +118,60 @@ void ffn_down(const uint8_t* const* rows, const float* h, int64_t cnt, int64_t n
   }
 }
 
+// q8_0 down columns on int8 coefficients: the definition the SIMD levels reproduce bit for bit.
+// Per token (and pass), output block b and group of kColumnGroup rows: g = h * the row's block
+// scale, s = max|g| / 127, p = round-to-nearest-even(g / s) (q8x2: the residual fma(-s, p, g)
+// quantized the same way), then out[32 b + j] = fma(float(sum_r p_r c_r[j]), s, out[32 b + j]),
+// the passes in order within a group, the groups in order.
+void columns_q8_0(const uint8_t* const* rows, const float* h, int64_t cnt, int64_t n_tok, int64_t dm, float* out,
+                  float*, int passes) {
+  const int64_t nb = dm / 32;
+  for (int64_t t = 0; t < n_tok; ++t)
+    for (int64_t i0 = 0; i0 < cnt; i0 += kColumnGroup) {
+      const int64_t gn = std::min<int64_t>(kColumnGroup, cnt - i0);
+      for (int64_t b = 0; b < nb; ++b) {
+        float g[kColumnGroup];
+        for (int64_t i = 0; i < gn; ++i) g[i] = h[t * cnt + i0 + i] * load_fp16(rows[i0 + i] + 34 * b);
+        for (int pass = 0; pass < passes; ++pass) {
+          float amax = 0.0f;
+          for (int64_t i = 0; i < gn; ++i) amax = std::max(amax, std::fabs(g[i]));
+          const float s = amax / 127.0f, id = s != 0.0f ? 1.0f / s : 0.0f;
+          int32_t p[kColumnGroup];
+          for (int64_t i = 0; i < gn; ++i) {
+            p[i] = std::clamp(static_cast<int32_t>(std::nearbyint(g[i] * id)), -127, 127);
+            g[i] = std::fma(-s, static_cast<float>(p[i]), g[i]);  // the residual, for the next pass
+          }
+          for (int j = 0; j < 32; ++j) {
+            int32_t isum = 0;
+            for (int64_t i = 0; i < gn; ++i) isum += p[i] * static_cast<int8_t>(rows[i0 + i][34 * b + 2 + j]);
+            float& o = out[t * dm + 32 * b + j];
+            o = std::fma(static_cast<float>(isum), s, o);
+          }
+        }
+      }
+    }
+}
+
+// Column panels (pack_columns): each group's rows copied back to q8_0 rows, then the product above.
+void columns_q8_0_packed(const uint8_t* packed, int64_t rows, int64_t nb, int64_t b0, int64_t nbw, const float* h,
+                         int64_t n_tok, float* out, float* scratch, int passes) {
+  const size_t group_bytes = static_cast<size_t>(kColumnGroup) * nb * 34;
+  std::vector<uint8_t> buf(static_cast<size_t>(rows) * nbw * 34);
+  std::vector<const uint8_t*> ptrs(static_cast<size_t>(rows));
+  for (int64_t r = 0; r < rows; ++r) {
+    const uint8_t* g = packed + static_cast<size_t>(r / kColumnGroup) * group_bytes;
+    const int64_t i = r % kColumnGroup, k = i / 4, j = i % 4;
+    uint8_t* row = buf.data() + static_cast<size_t>(r) * nbw * 34;
+    for (int64_t b = 0; b < nbw; ++b) {
+      std::memcpy(row + 34 * b, g + (i * nb + b0 + b) * 2, 2);
+      const uint8_t* cb = g + 64 * nb + (b0 + b) * 1024 + 128 * k;
+      for (int c = 0; c < 32; ++c) row[34 * b + 2 + c] = cb[4 * kColumnLane.v[c] + j];  // lane 16 + l: W1 at +64
+    }
+    ptrs[r] = row;
+  }
+  columns_q8_0(ptrs.data(), h, rows, n_tok, 32 * nbw, out, scratch, passes);
+}
+
 }  // namespace
 
 void install_linear(KernelTable& t) {
@@ -155,6 +210,8 @@ void install_linear(KernelTable& t) {
   t.ffn_down[int(Format::q4_k)].set(ffn_down<Format::q4_k>, n);
   t.ffn_down[int(Format::q6_k)].set(ffn_down<Format::q6_k>, n);
   t.ffn_down[int(Format::q4_lut)].set(ffn_down<Format::q4_lut>, n);
+  t.columns_q8[int(Format::q8_0)].set(columns_q8_0, n);
+  t.columns_q8_packed[int(Format::q8_0)].set(columns_q8_0_packed, n);
 }
 
 }  // namespace ef::ref

@@ -196,6 +196,8 @@ std::vector<std::pair<std::string, std::string>> implementations() {
     if (t.gemm_f32[f].fn) out.emplace_back("gemm_f32_" + fmt, t.gemm_f32[f].isa);
     if (t.dequant[f].fn) out.emplace_back("dequant_" + fmt, t.dequant[f].isa);
     if (t.ffn_down[f].fn) out.emplace_back("ffn_down_" + fmt, t.ffn_down[f].isa);
+    if (t.columns_q8[f].fn) out.emplace_back("columns_q8_" + fmt, t.columns_q8[f].isa);
+    if (t.columns_q8_packed[f].fn) out.emplace_back("columns_q8_packed_" + fmt, t.columns_q8_packed[f].isa);
   }
   out.emplace_back("quantize_acts", t.quantize_acts.isa);
   out.emplace_back("attention_f16", t.attn_chunk[0].isa);

@@ -63,6 +63,37 @@ inline size_t down_scratch_floats(int64_t n_tok, int64_t dm) {
 using DownRowsFn = void (*)(const uint8_t* const* rows, const float* h, int64_t cnt, int64_t n_tok, int64_t dm,
                             float* out, float* scratch);
 
+// matmul_columns on int8 coefficients (ColumnActs q8 / q8x2 in kernels.h): y[t, :] += the product
+// of cnt columns of dm elements, with `passes` (1 or 2) int8 quantizations of h * scale per token,
+// output block and group of kColumnGroup rows. scratch: columns_q8_scratch_floats(n_tok, dm, passes).
+constexpr int64_t kColumnGroup = 32;
+inline size_t columns_q8_scratch_floats(int64_t n_tok, int64_t dm, int passes) {
+  const int64_t nbp = (dm / 32 + 15) / 16 * 16, v = n_tok * passes;  // blocks, padded to 16
+  // group scales [32][nbp], packed codes [v][8][nbp] int32, coefficient scales [v][nbp]
+  return static_cast<size_t>(32 * nbp + 9 * v * nbp + 16);
+}
+using ColumnsQ8Fn = void (*)(const uint8_t* const* rows, const float* h, int64_t cnt, int64_t n_tok, int64_t dm,
+                             float* out, float* scratch, int passes);
+// The same from column panels (pack_columns): blocks [b0, b0 + nbw) of `nb` per row; out: [n_tok, 32 nbw].
+using ColumnsPackedFn = void (*)(const uint8_t* packed, int64_t rows, int64_t nb, int64_t b0, int64_t nbw,
+                                 const float* h, int64_t n_tok, float* out, float* scratch, int passes);
+// Lanes of the two int32 product registers of a block: W0 holds outputs [0-3, 16-19, 8-11, 24-27],
+// W1 [4-7, 20-23, 12-15, 28-31]; kColumnLane[c] is output c's lane (16 + l: lane l of W1), the
+// order two 8-bit and one 16-bit unpack stages produce (pack_columns and the AVX-512 product).
+struct ColumnLanes {
+  int32_t v[32];
+};
+constexpr ColumnLanes column_lanes() {
+  ColumnLanes n{};
+  constexpr int kQuadBase[4] = {0, 16, 8, 24};
+  for (int l = 0; l < 16; ++l) {
+    n.v[kQuadBase[l / 4] + l % 4] = l;
+    n.v[kQuadBase[l / 4] + 4 + l % 4] = 16 + l;
+  }
+  return n;
+}
+alignas(64) constexpr ColumnLanes kColumnLane = column_lanes();
+
 // One chunk of slots [0, c) of one KV head for R query rows, flash-attention style: scores,
 // visibility, online softmax (running max m and sum l per row), accumulate into acc.
 struct AttnChunk {
@@ -107,6 +138,8 @@ struct KernelTable {
   Entry<DequantRowFn> dequant[kFormatCount];
   Entry<QuantizeActsFn> quantize_acts;
   Entry<DownRowsFn> ffn_down[kFormatCount];
+  Entry<ColumnsQ8Fn> columns_q8[kFormatCount];  // q8_0
+  Entry<ColumnsPackedFn> columns_q8_packed[kFormatCount];  // q8_0
   Entry<AttnChunkFn> attn_chunk[2];          // [0] f16 cache, [1] q8_0 cache
   Entry<RmsNormFn> rms_norm;
   Entry<RopeApplyFn> rope_apply;

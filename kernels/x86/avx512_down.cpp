@@ -162,6 +162,192 @@ void ffn_down_tiled(const uint8_t* const* rows, const float* h, int64_t cnt, int
   }
 }
 
+// ---------------------------------------------------------------- q8_0 columns, int8 coefficients
+// matmul_columns with ColumnActs q8 / q8x2; the definition is the scalar twin's (ref_linear.cpp),
+// reproduced bit for bit. Per group of 32 columns (rows of the matrix): their block scales are read
+// once, every token's coefficients h * scale are quantized per block into int8 scratch, then each
+// block of 32 outputs is two 16-lane int32 products: the codes of 4 columns are interleaved into
+// the 4 bytes of each lane (two unpacks and a 128-bit shuffle), offset to unsigned (+128, taken
+// back through the coefficient sum), and one vpdpbusd adds 4 columns x 4 coefficients per lane.
+// The interleaved registers of a block are built once and shared by every token of the batch.
+
+// Codes 0-31 of columns r[0..3] at byte `off` -> W[0], W[1] (lane order above), signed.
+inline void interleave4(const uint8_t* const* r, size_t off, __m512i W[2]) {
+  auto ld = [&](int i) { return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(r[i] + off)); };
+  const __m512i P = _mm512_inserti64x4(_mm512_castsi256_si512(ld(0)), ld(2), 1);
+  const __m512i Q = _mm512_inserti64x4(_mm512_castsi256_si512(ld(1)), ld(3), 1);
+  const __m512i lo = _mm512_unpacklo_epi8(P, Q), hi = _mm512_unpackhi_epi8(P, Q);
+  const __m512i R = _mm512_shuffle_i64x2(lo, hi, 0x44), S = _mm512_shuffle_i64x2(lo, hi, 0xEE);
+  W[0] = _mm512_unpacklo_epi16(R, S);
+  W[1] = _mm512_unpackhi_epi16(R, S);
+}
+
+// Coefficient rows v0 .. v0 + NT - 1 (row v: token v / passes, pass v % passes) against block b.
+// Coefficient codes are packed per 4 rows: cw[(v * 8 + k) * nbp + b] holds the codes + 128 (unsigned,
+// for vpdpbusd) of rows 4k..4k+3 for block b. `corr` = -128 x the columns' code sums per lane starts
+// every sum, so what is left is sum p c.
+template <int NT>
+inline void columns_tile(const __m512i (*W)[2], const __m512i corr[2], const int32_t* cw, const float* vs,
+                         int64_t nbp, int64_t b, int64_t v0, int passes, float* out, int64_t dm) {
+  __m512i acc[NT][2];
+  for (int t = 0; t < NT; ++t) acc[t][0] = corr[0], acc[t][1] = corr[1];
+  for (int k = 0; k < 8; ++k)
+    for (int t = 0; t < NT; ++t) {
+      const __m512i a = _mm512_set1_epi32(cw[((v0 + t) * 8 + k) * nbp + b]);
+      acc[t][0] = _mm512_dpbusd_epi32(acc[t][0], a, W[k][0]);
+      acc[t][1] = _mm512_dpbusd_epi32(acc[t][1], a, W[k][1]);
+    }
+  const __m512i i0 = _mm512_load_si512(kColumnLane.v), i1 = _mm512_load_si512(kColumnLane.v + 16);
+  for (int t = 0; t < NT; ++t) {
+    const int64_t v = v0 + t;
+    const __m512i a0 = acc[t][0], a1 = acc[t][1];
+    const __m512 s = _mm512_set1_ps(vs[v * nbp + b]);
+    float* o = out + (v / passes) * dm + 32 * b;
+    _mm512_storeu_ps(o, _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_permutex2var_epi32(a0, i0, a1)), s, _mm512_loadu_ps(o)));
+    _mm512_storeu_ps(o + 16,
+                     _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_permutex2var_epi32(a0, i1, a1)), s, _mm512_loadu_ps(o + 16)));
+  }
+}
+
+// The coefficients of one token and group for blocks [bc, bc + 16) (lane = block, so the maximum
+// over the group's rows needs no horizontal reduction): `passes` quantizations into cw and vs.
+inline void quantize_coefficients(const float* sc, int64_t nbp, int64_t bc, const float* h, int64_t gn, int passes,
+                                  int64_t v0, int32_t* cw, float* vs) {
+  alignas(64) float g[kColumnGroup][16];
+  const __m512i lim = _mm512_set1_epi32(127), nlim = _mm512_set1_epi32(-127), off = _mm512_set1_epi32(128);
+  for (int i = 0; i < kColumnGroup; ++i) {
+    const __m512 hv = _mm512_set1_ps(i < gn ? h[i] : 0.0f);
+    _mm512_store_ps(g[i], _mm512_mul_ps(hv, _mm512_loadu_ps(sc + i * nbp + bc)));
+  }
+  __m512 amax = _mm512_setzero_ps();
+  for (int i = 0; i < kColumnGroup; ++i) amax = _mm512_max_ps(amax, _mm512_abs_ps(_mm512_load_ps(g[i])));
+  for (int pass = 0; pass < passes; ++pass) {
+    const bool residual = pass + 1 < passes;
+    const __m512 s = _mm512_div_ps(amax, _mm512_set1_ps(127.0f));
+    amax = _mm512_setzero_ps();  // of the residuals, for the next pass
+    const __m512 id = _mm512_maskz_div_ps(_mm512_cmp_ps_mask(s, _mm512_setzero_ps(), _CMP_NEQ_OQ), _mm512_set1_ps(1.0f), s);
+    const int64_t v = v0 + pass;
+    for (int k = 0; k < 8; ++k) {
+      __m512i packed = _mm512_setzero_si512();
+      for (int j = 0; j < 4; ++j) {
+        float* gi = g[4 * k + j];
+        const __m512 x = _mm512_load_ps(gi);
+        const __m512i p = _mm512_max_epi32(_mm512_min_epi32(_mm512_cvtps_epi32(_mm512_mul_ps(x, id)), lim), nlim);
+        packed = _mm512_or_si512(packed, _mm512_slli_epi32(_mm512_add_epi32(p, off), 8 * j));
+        if (residual) {
+          const __m512 rest = _mm512_fnmadd_ps(s, _mm512_cvtepi32_ps(p), x);
+          _mm512_store_ps(gi, rest);
+          amax = _mm512_max_ps(amax, _mm512_abs_ps(rest));
+        }
+      }
+      _mm512_storeu_si512(cw + (v * 8 + k) * nbp + bc, packed);
+    }
+    _mm512_storeu_ps(vs + v * nbp + bc, s);
+  }
+}
+
+void columns_q8_0(const uint8_t* const* rows, const float* h, int64_t cnt, int64_t n_tok, int64_t dm, float* out,
+                  float* scratch, int passes) {
+  const int64_t nb = dm / 32, nbp = (nb + 15) / 16 * 16, nv = n_tok * passes;
+  float* sc = scratch;                                               // [32][nbp] block scales of the group
+  int32_t* cw = reinterpret_cast<int32_t*>(scratch + 32 * nbp);      // [nv][8][nbp] packed coefficient codes
+  float* vs = scratch + 32 * nbp + 8 * nv * nbp;                     // [nv][nbp] coefficient scales
+  const size_t col_bytes = static_cast<size_t>(nb) * 34;
+  for (int64_t i0 = 0; i0 < cnt; i0 += kColumnGroup) {
+    const int64_t gn = std::min<int64_t>(kColumnGroup, cnt - i0);
+    const uint8_t* r[kColumnGroup];  // rows past the end repeat the first (their coefficients are 0)
+    for (int i = 0; i < kColumnGroup; ++i) r[i] = rows[i0 + (i < gn ? i : 0)];
+    // The next group's columns, requested a slice per block while this one computes (an arena read
+    // in place has its columns a bundle apart, which the hardware prefetcher does not follow).
+    const int64_t next = i0 + kColumnGroup, next_n = std::max<int64_t>(0, std::min<int64_t>(kColumnGroup, cnt - next));
+    const size_t lines = (col_bytes + 63) / 64;
+    auto prefetch_next = [&](int64_t b) {
+      const size_t l0 = static_cast<size_t>(b) * lines / nb, l1 = static_cast<size_t>(b + 1) * lines / nb;
+      for (size_t l = l0; l < l1; ++l)
+        for (int64_t i = 0; i < next_n; ++i) _mm_prefetch(reinterpret_cast<const char*>(rows[next + i]) + 64 * l, _MM_HINT_T0);
+    };
+    // Block scales (scalar loads: a 16-lane gather of the fp16 fields measured twice as slow here).
+    for (int i = 0; i < kColumnGroup; ++i)
+      for (int64_t b = 0; b < nbp; ++b) sc[i * nbp + b] = i < gn && b < nb ? h2f(r[i] + 34 * b) : 0.0f;
+    for (int64_t t = 0; t < n_tok; ++t)
+      for (int64_t bc = 0; bc < nb; bc += 16)
+        quantize_coefficients(sc, nbp, bc, h + t * cnt + i0, gn, passes, t * passes, cw, vs);
+    for (int64_t b = 0; b < nb; ++b) {
+      prefetch_next(b);
+      __m512i W[8][2];
+      __m512i corr[2] = {_mm512_setzero_si512(), _mm512_setzero_si512()};
+      const __m512i u128 = _mm512_set1_epi8(static_cast<char>(0x80));  // 128 as the unsigned operand
+      for (int k = 0; k < 8; ++k) {
+        interleave4(r + 4 * k, static_cast<size_t>(34 * b + 2), W[k]);
+        corr[0] = _mm512_dpbusd_epi32(corr[0], u128, W[k][0]);  // 128 x the code sums, negated below
+        corr[1] = _mm512_dpbusd_epi32(corr[1], u128, W[k][1]);
+      }
+      corr[0] = _mm512_sub_epi32(_mm512_setzero_si512(), corr[0]);
+      corr[1] = _mm512_sub_epi32(_mm512_setzero_si512(), corr[1]);
+      int64_t v = 0;
+      for (; v + 4 <= nv; v += 4) columns_tile<4>(W, corr, cw, vs, nbp, b, v, passes, out, dm);
+      switch (nv - v) {
+        case 3: columns_tile<3>(W, corr, cw, vs, nbp, b, v, passes, out, dm); break;
+        case 2: columns_tile<2>(W, corr, cw, vs, nbp, b, v, passes, out, dm); break;
+        case 1: columns_tile<1>(W, corr, cw, vs, nbp, b, v, passes, out, dm); break;
+        default: break;
+      }
+    }
+  }
+}
+
+// The same product from column panels: the interleaved codes are loaded as they are and the block
+// scales of a row are 16 fp16 values per load.
+void columns_q8_0_packed(const uint8_t* packed, int64_t rows, int64_t nb, int64_t b0, int64_t nbw, const float* h,
+                         int64_t n_tok, float* out, float* scratch, int passes) {
+  const int64_t nbp = (nbw + 15) / 16 * 16, nv = n_tok * passes, dm = 32 * nbw;
+  float* sc = scratch;
+  int32_t* cw = reinterpret_cast<int32_t*>(scratch + 32 * nbp);
+  float* vs = scratch + 32 * nbp + 8 * nv * nbp;
+  const size_t group_bytes = static_cast<size_t>(kColumnGroup) * nb * 34, scale_bytes = static_cast<size_t>(64) * nb;
+  for (int64_t i0 = 0; i0 < rows; i0 += kColumnGroup) {
+    const uint8_t* g = packed + static_cast<size_t>(i0 / kColumnGroup) * group_bytes;
+    const uint8_t* codes = g + scale_bytes + static_cast<size_t>(b0) * 1024;
+    const uint8_t* next = i0 + kColumnGroup < rows ? codes + group_bytes : nullptr;
+    if (next)
+      for (int i = 0; i < kColumnGroup; i += 2)
+        _mm_prefetch(reinterpret_cast<const char*>(g + group_bytes + (i * nb + b0) * 2), _MM_HINT_T0);
+    for (int i = 0; i < kColumnGroup; ++i)
+      for (int64_t bc = 0; bc < nbp; bc += 16) {
+        const __mmask16 m = static_cast<__mmask16>(nbw - bc >= 16 ? 0xFFFF : (1u << (nbw - bc)) - 1);
+        const __m256i f = _mm256_maskz_loadu_epi16(m, g + (i * nb + b0 + bc) * 2);
+        _mm512_storeu_ps(sc + i * nbp + bc, _mm512_cvtph_ps(f));
+      }
+    for (int64_t t = 0; t < n_tok; ++t)
+      for (int64_t bc = 0; bc < nbw; bc += 16)
+        quantize_coefficients(sc, nbp, bc, h + t * rows + i0, kColumnGroup, passes, t * passes, cw, vs);
+    for (int64_t b = 0; b < nbw; ++b) {
+      const uint8_t* cb = codes + b * 1024;
+      if (next)
+        for (int l = 0; l < 16; ++l) _mm_prefetch(reinterpret_cast<const char*>(next + b * 1024 + 64 * l), _MM_HINT_T0);
+      __m512i W[8][2];
+      __m512i corr[2] = {_mm512_setzero_si512(), _mm512_setzero_si512()};
+      const __m512i u128 = _mm512_set1_epi8(static_cast<char>(0x80));
+      for (int k = 0; k < 8; ++k) {
+        W[k][0] = _mm512_loadu_si512(cb + 128 * k);
+        W[k][1] = _mm512_loadu_si512(cb + 128 * k + 64);
+        corr[0] = _mm512_dpbusd_epi32(corr[0], u128, W[k][0]);
+        corr[1] = _mm512_dpbusd_epi32(corr[1], u128, W[k][1]);
+      }
+      corr[0] = _mm512_sub_epi32(_mm512_setzero_si512(), corr[0]);
+      corr[1] = _mm512_sub_epi32(_mm512_setzero_si512(), corr[1]);
+      int64_t v = 0;
+      for (; v + 4 <= nv; v += 4) columns_tile<4>(W, corr, cw, vs, nbp, b, v, passes, out, dm);
+      switch (nv - v) {
+        case 3: columns_tile<3>(W, corr, cw, vs, nbp, b, v, passes, out, dm); break;
+        case 2: columns_tile<2>(W, corr, cw, vs, nbp, b, v, passes, out, dm); break;
+        case 1: columns_tile<1>(W, corr, cw, vs, nbp, b, v, passes, out, dm); break;
+        default: break;
+      }
+    }
+  }
+}
+
 }  // namespace
 }  // namespace ef::x86
 
@@ -172,5 +358,7 @@ void install_avx512_down(KernelTable& t) {
   t.ffn_down[int(Format::q8_0)].set(ffn_down_tiled<DQ8_0>, n);
   t.ffn_down[int(Format::q4_0)].set(ffn_down_tiled<DQ4_0>, n);
   t.ffn_down[int(Format::q5_0)].set(ffn_down_tiled<DQ5_0>, n);
+  t.columns_q8[int(Format::q8_0)].set(columns_q8_0, n);
+  t.columns_q8_packed[int(Format::q8_0)].set(columns_q8_0_packed, n);
 }
 }  // namespace ef

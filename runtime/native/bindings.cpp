@@ -173,6 +173,8 @@ class PyEngine {
     const size_t rb = row_bytes(f, cols), rbd = row_bytes(fd, cols);
     memory::AlignedBuffer gate(panel_bytes(f, rows, cols)), up(panel_bytes(f, rows, cols));
     memory::AlignedBuffer down(static_cast<size_t>(rows) * rbd);
+    // Down columns for the int8 product are laid out as column panels (pack_columns) once copied.
+    const bool column_panels = engine_->column_acts(fd) != ColumnActs::f32 && rows % 32 == 0;
     {
       nb::gil_scoped_release release;
       const int64_t slice = std::max<int64_t>(kPanelRows, static_cast<int64_t>((4u << 20) / a.stride) / kPanelRows * kPanelRows);
@@ -192,11 +194,17 @@ class PyEngine {
           dropped = end;
         }
       }
+      if (column_panels) {
+        memory::AlignedBuffer packed(down.size());
+        pack_columns(WeightMatrix{down.data(), down.size(), fd, rows, cols, 0}, packed.data(), packed.size());
+        down = std::move(packed);
+      }
     }
     LayerWeights& w = layer_at(layer);
     w.gate = WeightMatrix{gate.data(), gate.size(), f, rows, cols, 0, Layout::panels};
     w.up = WeightMatrix{up.data(), up.size(), f, rows, cols, 0, Layout::panels};
-    w.down_columns = WeightMatrix{down.data(), down.size(), fd, rows, cols, 0};
+    w.down_columns = WeightMatrix{down.data(), down.size(), fd, rows, cols, 0,
+                                  column_panels ? Layout::panels : Layout::rows};
     panels_.push_back(std::move(gate));
     panels_.push_back(std::move(up));
     panels_.push_back(std::move(down));

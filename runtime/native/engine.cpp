@@ -196,6 +196,13 @@ void Engine::linear_multi(const WeightMatrix* ws, float* const* ys, int count, c
 
 // The dense FFN read from a bundle's one copy of it, the neuron arena: the sparse-FFN kernel over
 // every neuron, with no threshold, computes exactly sum_n act(gate_n . x) (up_n . x) down_n.
+// The down columns' product at the activation mode's precision where the level has an int8 product
+// for their format (q8_0 on AVX-512 VNNI), else in float.
+ColumnActs Engine::column_acts(Format fmt) const {
+  if (options_.act_mode == ActMode::f32 || !prefers_int8_columns(fmt)) return ColumnActs::f32;
+  return options_.act_mode == ActMode::q8 ? ColumnActs::q8 : ColumnActs::q8x2;
+}
+
 void Engine::set_ffn_thresholds(std::vector<float> thresholds) {
   if (!thresholds.empty() && static_cast<int64_t>(thresholds.size()) != shape_.n_layers)
     throw engine_error("FFN thresholds: one per layer is needed");
@@ -348,7 +355,7 @@ void Engine::run_block(int64_t layer, const LayerWeights& w, int64_t n, const in
       gated_act(gate_.data(), up_.data(), gate_.data(), n * s.d_ff, s.act);
     }
     OpTimer timer(prof(), Op::gemv_ffn_down);
-    matmul_columns(down, gate_.data(), n, h);
+    matmul_columns(down, gate_.data(), n, h, column_acts(down.fmt));
   } else {
     {
       OpTimer timer(prof(), Op::gemv_ffn_in);

@@ -100,6 +100,9 @@ class Engine {
   // format: 4-bit arenas keep down at 5 bits (a block of a column spans 32 output dimensions,
   // and the residual stream's outlier dimensions cost a 4-bit column more than a 4-bit row).
   void set_arena_down_format(int64_t layer, Format fmt);
+  // The precision of the down columns' product: the activation mode's where the level has an int8
+  // product for `fmt` (then resident columns are laid out as column panels), else f32.
+  ColumnActs column_acts(Format fmt) const;
   Format arena_down_format(int64_t layer, Format arena_fmt) const {  // of the arena's down columns
     return arena_down_[layer] < 0 ? arena_fmt : static_cast<Format>(arena_down_[layer]);
   }

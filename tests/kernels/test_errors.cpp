@@ -22,6 +22,23 @@ void test_errors() {
   auto w = random_weights(ef::Format::q4_0, rows, cols);
   std::vector<float> x(2 * cols, 1.0f), y(2 * rows);
   ef::WeightMatrix m{w.data(), w.size(), ef::Format::q4_0, rows, cols, 0};
+  {  // column panels: q8_0 only, whole groups of 32 rows; the int8 product needs q8_0 columns
+    const auto c = random_weights(ef::Format::q8_0, 64, 64);
+    std::vector<uint8_t> out(c.size());
+    std::vector<float> h(64), yc(64);
+    expect_throw("pack_columns of q4_0", [&] { ef::pack_columns(m, out.data(), out.size()); });
+    expect_throw("pack_columns of 40 rows", [&] {
+      ef::pack_columns(ef::WeightMatrix{c.data(), c.size(), ef::Format::q8_0, 40, 64}, out.data(), out.size());
+    });
+    expect_throw("pack_columns into a short buffer", [&] {
+      ef::pack_columns(ef::WeightMatrix{c.data(), c.size(), ef::Format::q8_0, 64, 64}, out.data(), out.size() - 1);
+    });
+    expect_throw("int8 product of q4_0 columns", [&] { ef::matmul_columns(m, h.data(), 1, yc.data(), ef::ColumnActs::q8); });
+    expect_throw("column panels with f32 coefficients", [&] {
+      ef::matmul_columns(ef::WeightMatrix{c.data(), c.size(), ef::Format::q8_0, 64, 64, 0, ef::Layout::panels}, h.data(), 1,
+                         yc.data(), ef::ColumnActs::f32);
+    });
+  }
   ef::WeightMatrix short_buf = m;
   short_buf.size_bytes -= 1;
   expect_throw("a weight buffer one byte short", [&] { ef::matmul(short_buf, x.data(), 2, y.data()); });

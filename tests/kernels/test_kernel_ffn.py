@@ -76,3 +76,23 @@ def test_matmul_columns_matches_numpy_and_is_batch_invariant(fmt, isa, threads, 
         assert np.array_equal(K.matmul_columns(w, fmt, h[t]), got[t])
     assert np.array_equal(K.matmul_columns(w, fmt, h[2:6]), got[2:6])
     assert np.array_equal(K.matmul_columns(w, fmt, h[1:18]), got[1:18])
+
+
+@pytest.mark.parametrize("acts, tol", [("q8", 2e-2), ("q8x2", 2e-4)])
+def test_matmul_columns_int8_coefficients(acts, tol, isa, threads, rng):
+    """q8_0 columns with int8 coefficients: close to the float product (the int8 rounding of
+    h x block scale per 32 rows), each token the same alone as in a batch; other formats refused."""
+    rows, cols, n = 320, 96, 9
+    w = K.quantize(rng.standard_normal((rows, cols)).astype(np.float32) * 0.1, "q8_0")
+    dense = K.dequantize(w, "q8_0", cols).astype(np.float64)
+    h = rng.standard_normal((n, rows)).astype(np.float32)
+    got = K.matmul_columns(w, "q8_0", h, acts=acts)
+    mag = np.abs(h) @ np.abs(dense) + 1e-9
+    assert np.max(np.abs(got - h @ dense) / mag) < tol
+    assert not np.array_equal(got, K.matmul_columns(w, "q8_0", h))  # not the float product
+    for t in (0, n - 1):
+        assert np.array_equal(K.matmul_columns(w, "q8_0", h[t], acts=acts), got[t])
+    with pytest.raises(ValueError, match="int8"):
+        K.matmul_columns(K.quantize(np.ones((64, 32), np.float32), "q4_0"), "q4_0", np.ones(64, np.float32), acts="q8")
+    with pytest.raises(ValueError, match="acts"):
+        K.matmul_columns(w, "q8_0", h, acts="int4")

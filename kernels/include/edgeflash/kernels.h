@@ -88,7 +88,24 @@ void matmul(const WeightMatrix& w, const QuantizedActs& xq, float* y);
 void matmul_multi(const WeightMatrix* ws, float* const* ys, int count, const QuantizedActs& xq);
 // A matrix stored by columns (row r of w holds the r-th column, `cols` values: a neuron's down
 // column in a bundle's arena): y[t, :] = sum_r h[t, r] * w[r, :]   h: [n, rows], y: [n, cols] f32.
-void matmul_columns(const WeightMatrix& w, const float* h, int64_t n, float* y);
+//
+// `acts` f32: each column's blocks decoded to floats and scaled by h (exact up to f32 rounding).
+// q8 / q8x2 (q8_0 columns where `prefers_int8_columns`): the coefficients are quantized like
+// activations, per token, output block b and group of 32 rows: g_r = h[t, r] * scale_r(b), s =
+// max|g| / 127, codes round(g / s) (q8x2: the residual g - s * codes quantized once more), and
+// each group adds s * (its integer code dot products) to the outputs of the block with one FMA.
+// The integer sums run on int8 dot-product instructions; every output is the same sequence of
+// operations whatever the batch, tile or thread split, and the scalar twin computes it bit for bit.
+enum class ColumnActs { f32, q8, q8x2 };
+void matmul_columns(const WeightMatrix& w, const float* h, int64_t n, float* y, ColumnActs acts = ColumnActs::f32);
+// Whether `fmt` columns have an int8 product at the current level (not just its scalar twin).
+bool prefers_int8_columns(Format fmt);
+// Column panels of q8_0 columns (rows a multiple of 32), laid out at load for the int8 product: per
+// group of 32 rows, their fp16 block scales [32][blocks], then per block the codes of 4 rows at a
+// time already interleaved into the lanes the product reads (8 x 128 bytes). Same size as the rows.
+// matmul_columns runs a Layout::panels matrix of q8_0 with ColumnActs q8 / q8x2 only, with the
+// same results as from the rows.
+void pack_columns(const WeightMatrix& w, uint8_t* out, size_t out_size);
 // Only the listed rows: y[t, i] = W[rows[i]] . x[t]   y: [n, n_rows] (e.g. a shortlist of the LM head).
 void matmul_rows(const WeightMatrix& w, const int32_t* rows, int64_t n_rows, const float* x, int64_t n, float* y,
                  ActPrecision prec = ActPrecision::q8);
