@@ -209,6 +209,28 @@ inline void columns_tile(const __m512i (*W)[2], const __m512i corr[2], const int
   }
 }
 
+// Block b of every coefficient row against the codes W of 32 columns: the -128 correction from the
+// codes (vpdpbusd multiplies unsigned by signed, so the coefficients carry +128), then tiles of 4 rows.
+inline void columns_block(const __m512i (*W)[2], const int32_t* cw, const float* vs, int64_t nbp, int64_t b,
+                          int64_t nv, int passes, float* out, int64_t dm) {
+  __m512i corr[2] = {_mm512_setzero_si512(), _mm512_setzero_si512()};
+  const __m512i u128 = _mm512_set1_epi8(static_cast<char>(0x80));  // 128 as the unsigned operand
+  for (int k = 0; k < 8; ++k) {
+    corr[0] = _mm512_dpbusd_epi32(corr[0], u128, W[k][0]);  // 128 x the code sums, negated below
+    corr[1] = _mm512_dpbusd_epi32(corr[1], u128, W[k][1]);
+  }
+  corr[0] = _mm512_sub_epi32(_mm512_setzero_si512(), corr[0]);
+  corr[1] = _mm512_sub_epi32(_mm512_setzero_si512(), corr[1]);
+  int64_t v = 0;
+  for (; v + 4 <= nv; v += 4) columns_tile<4>(W, corr, cw, vs, nbp, b, v, passes, out, dm);
+  switch (nv - v) {
+    case 3: columns_tile<3>(W, corr, cw, vs, nbp, b, v, passes, out, dm); break;
+    case 2: columns_tile<2>(W, corr, cw, vs, nbp, b, v, passes, out, dm); break;
+    case 1: columns_tile<1>(W, corr, cw, vs, nbp, b, v, passes, out, dm); break;
+    default: break;
+  }
+}
+
 // The coefficients of one token and group for blocks [bc, bc + 16) (lane = block, so the maximum
 // over the group's rows needs no horizontal reduction): `passes` quantizations into cw and vs.
 inline void quantize_coefficients(const float* sc, int64_t nbp, int64_t bc, const float* h, int64_t gn, int passes,
@@ -275,23 +297,8 @@ void columns_q8_0(const uint8_t* const* rows, const float* h, int64_t cnt, int64
     for (int64_t b = 0; b < nb; ++b) {
       prefetch_next(b);
       __m512i W[8][2];
-      __m512i corr[2] = {_mm512_setzero_si512(), _mm512_setzero_si512()};
-      const __m512i u128 = _mm512_set1_epi8(static_cast<char>(0x80));  // 128 as the unsigned operand
-      for (int k = 0; k < 8; ++k) {
-        interleave4(r + 4 * k, static_cast<size_t>(34 * b + 2), W[k]);
-        corr[0] = _mm512_dpbusd_epi32(corr[0], u128, W[k][0]);  // 128 x the code sums, negated below
-        corr[1] = _mm512_dpbusd_epi32(corr[1], u128, W[k][1]);
-      }
-      corr[0] = _mm512_sub_epi32(_mm512_setzero_si512(), corr[0]);
-      corr[1] = _mm512_sub_epi32(_mm512_setzero_si512(), corr[1]);
-      int64_t v = 0;
-      for (; v + 4 <= nv; v += 4) columns_tile<4>(W, corr, cw, vs, nbp, b, v, passes, out, dm);
-      switch (nv - v) {
-        case 3: columns_tile<3>(W, corr, cw, vs, nbp, b, v, passes, out, dm); break;
-        case 2: columns_tile<2>(W, corr, cw, vs, nbp, b, v, passes, out, dm); break;
-        case 1: columns_tile<1>(W, corr, cw, vs, nbp, b, v, passes, out, dm); break;
-        default: break;
-      }
+      for (int k = 0; k < 8; ++k) interleave4(r + 4 * k, static_cast<size_t>(34 * b + 2), W[k]);
+      columns_block(W, cw, vs, nbp, b, nv, passes, out, dm);
     }
   }
 }
@@ -326,24 +333,11 @@ void columns_q8_0_packed(const uint8_t* packed, int64_t rows, int64_t nb, int64_
       if (next)
         for (int l = 0; l < 16; ++l) _mm_prefetch(reinterpret_cast<const char*>(next + b * 1024 + 64 * l), _MM_HINT_T0);
       __m512i W[8][2];
-      __m512i corr[2] = {_mm512_setzero_si512(), _mm512_setzero_si512()};
-      const __m512i u128 = _mm512_set1_epi8(static_cast<char>(0x80));
       for (int k = 0; k < 8; ++k) {
         W[k][0] = _mm512_loadu_si512(cb + 128 * k);
         W[k][1] = _mm512_loadu_si512(cb + 128 * k + 64);
-        corr[0] = _mm512_dpbusd_epi32(corr[0], u128, W[k][0]);
-        corr[1] = _mm512_dpbusd_epi32(corr[1], u128, W[k][1]);
       }
-      corr[0] = _mm512_sub_epi32(_mm512_setzero_si512(), corr[0]);
-      corr[1] = _mm512_sub_epi32(_mm512_setzero_si512(), corr[1]);
-      int64_t v = 0;
-      for (; v + 4 <= nv; v += 4) columns_tile<4>(W, corr, cw, vs, nbp, b, v, passes, out, dm);
-      switch (nv - v) {
-        case 3: columns_tile<3>(W, corr, cw, vs, nbp, b, v, passes, out, dm); break;
-        case 2: columns_tile<2>(W, corr, cw, vs, nbp, b, v, passes, out, dm); break;
-        case 1: columns_tile<1>(W, corr, cw, vs, nbp, b, v, passes, out, dm); break;
-        default: break;
-      }
+      columns_block(W, cw, vs, nbp, b, nv, passes, out, dm);
     }
   }
 }
