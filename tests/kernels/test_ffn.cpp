@@ -121,9 +121,16 @@ void test_ffn() {
       };
       for (float v : g) mags.push_back(act_mag(v));
       std::sort(mags.begin(), mags.end());
-      size_t gap = mags.size() / 2;  // threshold in the middle of a clear gap near the median
-      for (size_t i = mags.size() / 3; i + 1 < 2 * mags.size() / 3; ++i)
-        if (mags[i + 1] - mags[i] > mags[gap + 1] - mags[gap]) gap = i;
+      // Threshold in the middle of a clear gap, near the median if there is one there. Strongly negative
+      // gates all give |act| = 0 exactly, so the middle third can be one run of zeros: then the widest gap.
+      auto widest_gap = [&](size_t lo, size_t hi) {
+        size_t best = lo;
+        for (size_t i = lo; i + 1 < hi; ++i)
+          if (mags[i + 1] - mags[i] > mags[best + 1] - mags[best]) best = i;
+        return best;
+      };
+      size_t gap = widest_gap(mags.size() / 3, 2 * mags.size() / 3);
+      if (!(mags[gap + 1] > mags[gap])) gap = widest_gap(0, mags.size());
       const float thr = 0.5f * (mags[gap] + mags[gap + 1]);
       std::vector<int32_t> kept;
       for (size_t i = 0; i < slots.size(); ++i)
