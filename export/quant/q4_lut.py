@@ -129,8 +129,10 @@ def _block_scales(xb: np.ndarray, wb: np.ndarray, levels: np.ndarray) -> np.ndar
     best_gain = np.full((rows, nb), -1.0)
     best_d = amax / 127.0
     wx = wb * xb
-    for step in SCALE_STEPS:
-        d = np.where(amax > 0, amax / (127.0 * step), 1.0)
+
+    def keep_better(d: np.ndarray) -> None:
+        """Indices to scale d, then their least-squares scale; kept per block where it lowers the error."""
+        nonlocal best_gain, best_d
         idx = assign((xb / d[..., None]).reshape(rows, -1), levels).reshape(xb.shape)
         lv = np.take_along_axis(levels, idx.reshape(rows, -1), axis=1).reshape(xb.shape)
         sxl = np.einsum("rbk,rbk->rb", wx, lv)
@@ -141,18 +143,11 @@ def _block_scales(xb: np.ndarray, wb: np.ndarray, levels: np.ndarray) -> np.ndar
         better = gain > best_gain
         best_gain = np.where(better, gain, best_gain)
         best_d = np.where(better, np.maximum(dd, 0.0), best_d)
+
+    for step in SCALE_STEPS:
+        keep_better(np.where(amax > 0, amax / (127.0 * step), 1.0))
     for _ in range(REFINE):  # indices to the best scale, then its least-squares scale again
-        d = np.where(best_d > 0, best_d, 1.0)
-        idx = assign((xb / d[..., None]).reshape(rows, -1), levels).reshape(xb.shape)
-        lv = np.take_along_axis(levels, idx.reshape(rows, -1), axis=1).reshape(xb.shape)
-        sxl = np.einsum("rbk,rbk->rb", wx, lv)
-        sll = np.einsum("rbk,rbk,rbk->rb", wb, lv, lv)
-        ok = sll > 0
-        dd = np.where(ok, sxl / np.where(ok, sll, 1.0), 0.0)
-        gain = np.where(ok & (dd > 0), sxl * dd, 0.0)
-        better = gain > best_gain
-        best_gain = np.where(better, gain, best_gain)
-        best_d = np.where(better, np.maximum(dd, 0.0), best_d)
+        keep_better(np.where(best_d > 0, best_d, 1.0))
     return np.where(amax > 0, best_d, 0.0)
 
 
