@@ -17,7 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import numpy as np
-from edgeflash.export.quant.config import QuantConfig
+from edgeflash.export.quant.config import ARENA_FORMATS, ARENA_KEEP, QuantConfig
 from edgeflash.kernels.formats import get_format
 from edgeflash.runtime.bundle.arena import ARENA_PARTS, DENSE_NAMES, ArenaTensor, arena_down_format
 from edgeflash.runtime.bundle.layout import (
@@ -33,6 +33,11 @@ from edgeflash.runtime.source import ModelSource
 _MATRIX_ORDER = ("attn_q.", "attn_k.", "attn_v.", "attn_output.", "ffn_gate.", "ffn_up.", "ffn_down.",
                  "predictor_a.", "predictor_b.")
 FFN_LAYOUTS = ("arena", "dense+neurons", "dense")
+# Source formats an arena keeps as they are (neuron_format "keep"): the ones the arena kernels run
+# from gathered or strided rows of d_model values (a K-quant row only exists where d_model is a
+# multiple of 256, so a source holding one can keep it). Other formats become KEPT_ARENA_FALLBACK.
+ARENA_KEEPS = (*ARENA_FORMATS, "q4_k", "q6_k")
+KEPT_ARENA_FALLBACK = "q8_0"
 
 
 @dataclass(frozen=True)
@@ -94,7 +99,29 @@ def ffn_layout(config: QuantConfig, spec_d_ff: int, d_model: int, neuron_arena: 
     if not neuron_arena:
         return "dense"
     plan = config.plan("blk.0.ffn_up.weight", (spec_d_ff, d_model))
-    return "dense+neurons" if plan.format == "keep" else "arena"
+    return "dense+neurons" if plan.format == "keep" and config.neuron_format != ARENA_KEEP else "arena"
+
+
+def source_format(source: ModelSource, name: str) -> str:
+    """The stored format of a canonical tensor; a bundle source's FFN matrices are its arenas' parts."""
+    t = source.tensors.get(name)
+    if t is not None:
+        return t.fmt
+    arena = source.tensors[name.rsplit(".", 2)[0] + ".ffn_arena"]
+    assert isinstance(arena, ArenaTensor)
+    return arena.part_format(DENSE_NAMES[name.split(".", 2)[2]])
+
+
+def arena_formats(config: QuantConfig, source: ModelSource, layer: int, layout: str) -> tuple[str, str]:
+    """(gate and up, down) formats of a layer's arena. With neuron_format "keep" gate and up are the
+    source's rows as they are (when both share a format the arena kernels run) and down, whose
+    columns no source stores, is q8_0: 8 bits per value, about 0.3% of a block's range."""
+    fmt = config.arena_format()
+    if fmt == ARENA_KEEP:
+        gate, up = (source_format(source, f"blk.{layer}.ffn_{p}.weight") for p in ("gate", "up"))
+        fmt = gate if gate == up and gate in ARENA_KEEPS else KEPT_ARENA_FALLBACK
+        return fmt, KEPT_ARENA_FALLBACK
+    return fmt, arena_down_format(fmt, layer, source.spec.n_layers) if layout == "arena" else fmt
 
 
 def source_shapes(source: ModelSource) -> dict[str, tuple[int, ...]]:
@@ -133,8 +160,7 @@ def plan_layout(source: ModelSource, config: QuantConfig, layout: str, predictor
     for layer in range(spec.n_layers):
         if layout != "dense":
             kind = "ffn" if layout == "arena" else "neurons"
-            fmt = config.arena_format()
-            down = arena_down_format(fmt, layer, spec.n_layers) if layout == "arena" else fmt
+            fmt, down = arena_formats(config, source, layer, layout)
             get(block_name(kind, layer)).arena = ArenaSlot(layer, spec.d_ff, spec.d_model, fmt, down)
         if rank > 0 and layout != "dense":
             for tensor, shape in (("predictor_a.weight", (rank, spec.d_model)), ("predictor_b.weight", (spec.d_ff, rank))):

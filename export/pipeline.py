@@ -27,7 +27,7 @@ from edgeflash.export.calibrate import Calibration
 from edgeflash.export.partition import BlockSpec, arena_rows, ffn_layout, plan_layout
 from edgeflash.export.peak_memory import TABLE_CHUNK_VALUES, available_memory, expected_peak, rss_peak_bytes
 from edgeflash.export.progress import StageClock, bar, note
-from edgeflash.export.quant.config import QuantConfig
+from edgeflash.export.quant.config import ARENA_KEEP, QuantConfig
 from edgeflash.export.quant.methods import dequantize_matrix, prepare_importance, quantize_matrix
 from edgeflash.export.quant.schemes import resolve_config
 from edgeflash.export.quant.weighted import quantize_threads
@@ -407,17 +407,33 @@ def _arena(model: ModelSource, block: BlockSpec, qconfig: QuantConfig, lc: Layer
         t = _tensor(model, name)
         plan = qconfig.plan(name, t.shape)
         method = plan.method if plan.method in ("rtn", "weighted") else "rtn"
+        fmt = slot.part_format(part)
+        keep = qconfig.neuron_format == ARENA_KEEP
+        if keep and part != "down" and fmt == t.fmt:  # the source's rows as they are
+            rows[part] = np.asarray(t.raw).reshape(t.rows, -1)
+            if block.kind == "ffn":
+                reports[name] = {"name": name, "role": "ffn", "format": fmt, "method": "copy", "source_format": t.fmt,
+                                 "shape": list(t.shape), "nbytes": int(rows[part].nbytes), "sqnr_db": None,
+                                 "weighted_sqnr_db": None, "stored": "neuron arena"}
+            continue
         values = source_values(t)
         if part == "down":
             values = np.ascontiguousarray(values.T)  # [d_ff, d_model]: one row per neuron
         part_imp = imp if part != "down" else lc.output_importance
-        fmt = slot.part_format(part)
+        if keep and part_imp is not None:
+            method = "weighted"
         rows[part] = quantize_matrix(values, fmt, method, part_imp)
         if block.kind == "ffn":  # the FFN's only copy: report it as the FFN's tensors
-            wanted = plan.format if part != "down" else arena_down_format(plan.format, slot.layer,
-                                                                          model.spec.n_layers)
+            if keep:
+                wanted = fmt if part == "down" else t.fmt
+            else:
+                wanted = plan.format if part != "down" else arena_down_format(plan.format, slot.layer,
+                                                                              model.spec.n_layers)
             if plan.fallback_from:
                 fallbacks.append(_fallback(name, plan.fallback_from, fmt, plan.reason))
+            elif fmt != wanted and keep:
+                fallbacks.append(_fallback(name, t.fmt, fmt, f"the neuron arena kernels do not run {t.fmt} rows, "
+                                           "or gate and up differ in format"))
             elif fmt != wanted:
                 fallbacks.append(_fallback(name, plan.format, fmt, f"the neuron arena stores {part} as rows of "
                                            f"{slot.d_model} values in a 32-value block format"))

@@ -28,6 +28,10 @@ RULE_FORMATS = ("keep", "f32", "f16", "q8_0", "q4_0", "q4_1", "q5_0", "q4_k", "q
 METHODS = ("copy", "rtn", "weighted")
 # Formats whose blocks are 32 values along a row: the ones a neuron arena (rows of d_model) can use.
 ARENA_FORMATS = ("f32", "f16", "q8_0", "q4_0", "q4_1", "q5_0", "q4_lut")
+# neuron_format "keep": the arena's gate and up rows are the source's rows byte for byte (each is
+# already a row of d_model values in its own format), where the arena kernels run that format;
+# the down columns, which no source stores, in q8_0 (partition.arena_formats).
+ARENA_KEEP = "keep"
 _BLOCK_GROUP = {"q8_0": 32, "q4_0": 32, "q4_1": 32, "q5_0": 32, "q4_k": 256}
 
 
@@ -107,7 +111,8 @@ class QuantConfig:
     scheme: str
     rules: list[Rule]
     version: int = CONFIG_VERSION
-    neuron_format: str | None = None  # format of every arena part; None = derived from the ffn rule
+    neuron_format: str | None = None  # format of every arena part; None = derived from the ffn rule;
+    # ARENA_KEEP = gate and up rows as the source stores them, down columns q8_0
     description: str = ""
 
     def __post_init__(self) -> None:
@@ -117,8 +122,9 @@ class QuantConfig:
         if self.version > CONFIG_VERSION:
             raise QuantConfigError(f"quant config version {self.version} is newer than this edgeflash reads "
                                    f"({CONFIG_VERSION})")
-        if self.neuron_format is not None and self.neuron_format not in ARENA_FORMATS:
-            raise QuantConfigError(f"neuron_format {self.neuron_format!r}: expected one of {', '.join(ARENA_FORMATS)}")
+        if self.neuron_format is not None and self.neuron_format not in (*ARENA_FORMATS, ARENA_KEEP):
+            raise QuantConfigError(f"neuron_format {self.neuron_format!r}: expected one of "
+                                   f"{', '.join((*ARENA_FORMATS, ARENA_KEEP))}")
         for role in ROLES:
             self.rule_for_role(role)  # every role must be covered
 
@@ -157,7 +163,8 @@ class QuantConfig:
                           reason=f"rows of {cols} values are not a multiple of {need}")
 
     def arena_format(self) -> str:
-        """Format of the gate/up/down rows in the neuron arena."""
+        """Format of the gate/up/down rows in the neuron arena (ARENA_KEEP: the source's, resolved
+        per layer by partition.arena_formats)."""
         if self.neuron_format:
             return self.neuron_format
         ffn = self.rule_for_role("ffn")

@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from edgeflash.export.quant.config import (
+    ARENA_KEEP,
     RULE_FORMATS,
     QuantConfig,
     QuantConfigError,
@@ -111,6 +112,11 @@ def _uniform(name: str, fmt: str, method: str, description: str, fallback: str |
 
 register_scheme("keep", lambda: QuantConfig(
     scheme="keep", description="every source tensor copied byte for byte (lossless)",
+    rules=[Rule("*", "keep", "copy")]))
+register_scheme("keep-arena", lambda: QuantConfig(
+    scheme="keep-arena", neuron_format=ARENA_KEEP,
+    description="every source tensor copied byte for byte, the FFN stored once as its neuron arena: the "
+                "source's gate and up rows as they are, down columns in q8_0",
     rules=[Rule("*", "keep", "copy")]))
 _uniform("f16", "f16", "rtn", "every matrix in f16")
 _uniform("q8_0", "q8_0", "rtn", "every matrix in q8_0 (8.5 bits per weight)")

@@ -1,4 +1,5 @@
-"""A small llama-architecture GGUF with random q8_0 weights and SmolLM2's real tokenizer.
+"""A small llama-architecture GGUF with random q8_0 weights (ffn_gate and ffn_up in `ffn_format`, e.g.
+q4_k as in a Q4_K_M file) and SmolLM2's real tokenizer.
 
 Shaped to make memory measurable: many layers of moderate width, so the whole model in float32
 is several hundred MB while one layer is a few tens. Written with the `gguf` package's writer.
@@ -12,8 +13,9 @@ import numpy as np
 
 
 def write_tiny_gguf(out: Path, tokenizer_from: Path, *, layers: int = 24, hidden: int = 512, ffn: int = 2048,
-                    heads: int = 8, kv_heads: int = 4, seed: int = 0) -> Path:
-    from edgeflash import kernels
+                    heads: int = 8, kv_heads: int = 4, seed: int = 0, ffn_format: str = "q8_0") -> Path:
+    from edgeflash.export.quant import quantize_matrix
+    from edgeflash.kernels.formats import get_format
     from edgeflash.runtime.sources.gguf import GGUFFile
     from gguf import GGMLQuantizationType, GGUFWriter
 
@@ -42,10 +44,10 @@ def write_tiny_gguf(out: Path, tokenizer_from: Path, *, layers: int = 24, hidden
     rng = np.random.default_rng(seed)
     kv = hidden // heads * kv_heads
 
-    def matrix(name: str, rows: int, cols: int) -> None:
+    def matrix(name: str, rows: int, cols: int, fmt: str = "q8_0") -> None:
         values = (rng.standard_normal((rows, cols)) / np.sqrt(cols)).astype(np.float32)
-        w.add_tensor(name, kernels.quantize(values, "q8_0"), raw_shape=(rows, cols * 34 // 32),
-                     raw_dtype=GGMLQuantizationType.Q8_0)
+        w.add_tensor(name, quantize_matrix(values, fmt, "rtn"), raw_shape=(rows, get_format(fmt).row_bytes(cols)),
+                     raw_dtype=GGMLQuantizationType[fmt.upper()])
 
     def vector(name: str, n: int) -> None:
         w.add_tensor(name, (1.0 + 0.05 * rng.standard_normal(n)).astype(np.float32))
@@ -58,7 +60,7 @@ def write_tiny_gguf(out: Path, tokenizer_from: Path, *, layers: int = 24, hidden
             matrix(f"blk.{i}.{name}.weight", rows, cols)
         vector(f"blk.{i}.ffn_norm.weight", hidden)
         for name, rows, cols in (("ffn_gate", ffn, hidden), ("ffn_up", ffn, hidden), ("ffn_down", hidden, ffn)):
-            matrix(f"blk.{i}.{name}.weight", rows, cols)
+            matrix(f"blk.{i}.{name}.weight", rows, cols, ffn_format if name != "ffn_down" else "q8_0")
     vector("output_norm.weight", hidden)
     w.write_header_to_file()
     w.write_kv_data_to_file()
