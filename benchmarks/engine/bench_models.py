@@ -1,4 +1,4 @@
-"""The four models the engine benchmarks run, as GGUF files and as q4_0 bundles.
+"""The four models the engine benchmarks run, as GGUF files and as bundles (q4_0 unless told).
 
 A name is a model alias (`gemma3-270m`, `smollm2-135m`, `qwen2.5-coder-0.5b`, `qwen2.5-coder-1.5b`)
 or a path. The q4_0 bundle of a model is `bench-out/bundles/<name>-q4_0`, written by
@@ -8,6 +8,7 @@ heavy job: minutes on two cores).
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -38,7 +39,8 @@ def gguf_path(name: str) -> Path:
 
 
 def bundle_dir(name: str, quant: str = "q4_0") -> Path:
-    return BENCH_OUT / "bundles" / f"{Path(name).stem if '/' in name else name}-{quant}"
+    scheme = re.sub(r"[^A-Za-z0-9._-]+", "_", quant)  # `mixed:ffn=q8_0,...` as a directory name
+    return BENCH_OUT / "bundles" / f"{Path(name).stem if '/' in name else name}-{scheme}"
 
 
 def ensure_bundle(name: str, quant: str = "q4_0", export: bool = False) -> Path | None:

@@ -12,12 +12,12 @@ tokenizer from the GGUF): the same prompt, the same perplexity windows.
   python benchmarks/engine/side_by_side.py --configs gguf-q8,bundle-q8 --no-perplexity
 
 Configurations: gguf-q8 (the GGUF as it is, Q8 activations like llama.cpp's), gguf-q8x2 (the
-default activations, about 16-bit), bundle-q8 (the q4_0 bundle from `edgeflash export --quant q4_0`,
-see bench_models.py; --export writes missing ones), llamacpp (llama-cpp-python on the GGUF, from the
-benchmark environment: bash benchmarks/peers/setup-env.sh, or --llama-python), llamacpp-passive (the
-same with OMP_WAIT_POLICY=PASSIVE: its OpenMP threads sleep instead of spinning between operations,
-which on a loaded machine runs several times faster, and slower on a quiet one). Ratios are against
-the faster of the llama.cpp runs of each round.
+default activations, about 16-bit), bundle-q8 (the bundle from `edgeflash export --quant q4_0`, or
+of the scheme --bundle-quant names, see bench_models.py; --export writes missing ones), llamacpp
+(llama-cpp-python on the GGUF, from the benchmark environment: bash benchmarks/peers/setup-env.sh,
+or --llama-python), llamacpp-passive (the same with OMP_WAIT_POLICY=PASSIVE: its OpenMP threads
+sleep instead of spinning between operations, which on a loaded machine runs several times faster,
+and slower on a quiet one). Ratios are against the faster of the llama.cpp runs of each round.
 Records go to benchmarks/results/side-by-side.jsonl.
 """
 
@@ -219,7 +219,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--prompt-tokens", type=int, default=512)
     p.add_argument("--decode-tokens", type=int, default=128)
     p.add_argument("--no-perplexity", action="store_true")
-    p.add_argument("--export", action="store_true", help="export missing q4_0 bundles first (heavy for 1.5B)")
+    p.add_argument("--export", action="store_true", help="export missing bundles first (heavy for 1.5B)")
+    p.add_argument(
+        "--bundle-quant",
+        default="q4_0",
+        metavar="SCHEME",
+        help="the --quant scheme of bundle-q8's bundle (default q4_0; e.g. keep-arena); other than q4_0 it is "
+        "named in the config column",
+    )
     p.add_argument(
         "--llama-python",
         default=str(REPO / ".venv-bench" / "bin" / "python"),
@@ -248,13 +255,15 @@ def main(argv: list[str] | None = None) -> int:
         gguf = gguf_path(name)
         ids = token_ids(name, gguf, args.prompt_tokens)
         for c in configs:
-            path = gguf
+            path, label = gguf, c
             if c == "bundle-q8":
-                path = ensure_bundle(name, "q4_0", export=args.export)
+                path = ensure_bundle(name, args.bundle_quant, export=args.export)
                 if path is None:
-                    print(f"[{name}: no q4_0 bundle, bundle-q8 skipped; --export writes it]", file=sys.stderr)
+                    print(f"[{name}: no {args.bundle_quant} bundle, bundle-q8 skipped; --export writes it]",
+                          file=sys.stderr)
                     continue
-            jobs[(name, c)] = {
+                label = c if args.bundle_quant == "q4_0" else f"bundle-q8 {args.bundle_quant}"
+            jobs[(name, label)] = {
                 "path": str(path),
                 "threads": args.threads,
                 "activations": "q8x2" if c == "gguf-q8x2" else "q8",
