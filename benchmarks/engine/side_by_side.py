@@ -224,8 +224,8 @@ def main(argv: list[str] | None = None) -> int:
         "--bundle-quant",
         default="q4_0",
         metavar="SCHEME",
-        help="the --quant scheme of bundle-q8's bundle (default q4_0; e.g. keep-arena); other than q4_0 it is "
-        "named in the config column",
+        help="the --quant scheme(s) of bundle-q8's bundles, comma-separated (default q4_0; e.g. "
+        "keep-arena,keep); other than q4_0 the scheme is named in the config column",
     )
     p.add_argument(
         "--llama-python",
@@ -254,15 +254,16 @@ def main(argv: list[str] | None = None) -> int:
     for name in models:
         gguf = gguf_path(name)
         ids = token_ids(name, gguf, args.prompt_tokens)
-        for c in configs:
+        # one configuration per bundle scheme (--bundle-quant A,B): "bundle-q8 SCHEME" unless q4_0
+        runs = [(c, q) for c in configs for q in (args.bundle_quant.split(",") if c == "bundle-q8" else [None])]
+        for c, quant in runs:
             path, label = gguf, c
-            if c == "bundle-q8":
-                path = ensure_bundle(name, args.bundle_quant, export=args.export)
+            if quant is not None:
+                path = ensure_bundle(name, quant, export=args.export)
                 if path is None:
-                    print(f"[{name}: no {args.bundle_quant} bundle, bundle-q8 skipped; --export writes it]",
-                          file=sys.stderr)
+                    print(f"[{name}: no {quant} bundle, bundle-q8 skipped; --export writes it]", file=sys.stderr)
                     continue
-                label = c if args.bundle_quant == "q4_0" else f"bundle-q8 {args.bundle_quant}"
+                label = c if quant == "q4_0" else f"bundle-q8 {quant}"
             jobs[(name, label)] = {
                 "path": str(path),
                 "threads": args.threads,

@@ -20,8 +20,8 @@ model on a few hundred held-out tokens; --full-report: both texts, each sparsity
 round-to-nearest baseline). The expected peak memory is printed first; an export that would not
 fit in the memory available is refused.
 
-schemes: keep, f16, q8_0, q4_0, q4_0-rtn, q4_1, q4_1-rtn, q5_0, q4_k, q4_lut, q4_0-mixed, q4_lut-mixed,
-  llama.cpp's names where they map (Q4_K_M, Q4_K_S, Q8_0, Q4_0, Q4_1, Q5_0, F16, F32),
+schemes: keep, keep-arena, f16, q8_0, q4_0, q4_0-rtn, q4_1, q4_1-rtn, q5_0, q4_k, q4_lut, q4_0-mixed,
+  q4_lut-mixed, llama.cpp's names where they map (Q4_K_M, Q4_K_S, Q8_0, Q4_0, Q4_1, Q5_0, F16, F32),
   or mixed:ROLE=FORMAT[/METHOD][@GROUP],... with roles embedding, head, attention, ffn, norm, *
 
 targets: bundle (default), executorch (.pte, XNNPACK), onnx (.onnx, onnxruntime),
@@ -32,6 +32,7 @@ examples:
   edgeflash export default -o out/gemma-q4_0
   edgeflash export smollm2-135m -o out/smol-et --target executorch --quant q4_0-rtn --chunks 2
   edgeflash export smollm2-135m -o out/smol-keep --quant keep
+  edgeflash export qwen2.5-coder-1.5b -o out/coder --quant keep-arena
   edgeflash export model.gguf -o out/m --quant mixed:attention=q8_0,ffn=q4_0 --calibration my.txt
   edgeflash export qwen2.5-coder-1.5b -o out/coder --quant Q4_K_M --full-report
 """
