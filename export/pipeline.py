@@ -406,6 +406,8 @@ def _arena(model: ModelSource, block: BlockSpec, qconfig: QuantConfig, lc: Layer
         name = f"{prefix}ffn_{part}.weight"
         t = _tensor(model, name)
         plan = qconfig.plan(name, t.shape)
+        # keep-arena's q8_0 down columns round to nearest: the weighted scale search gave Qwen2.5-Coder-0.5B
+        # perplexity 137.43 against 136.96 (2044 held-out tokens; the source 136.88)
         method = plan.method if plan.method in ("rtn", "weighted") else "rtn"
         fmt = slot.part_format(part)
         keep = qconfig.neuron_format == ARENA_KEEP
@@ -420,8 +422,6 @@ def _arena(model: ModelSource, block: BlockSpec, qconfig: QuantConfig, lc: Layer
         if part == "down":
             values = np.ascontiguousarray(values.T)  # [d_ff, d_model]: one row per neuron
         part_imp = imp if part != "down" else lc.output_importance
-        if keep and part_imp is not None:
-            method = "weighted"
         rows[part] = quantize_matrix(values, fmt, method, part_imp)
         if block.kind == "ffn":  # the FFN's only copy: report it as the FFN's tensors
             if keep:
