@@ -66,8 +66,8 @@ class BenchModel:
 MODELS: dict[str, BenchModel] = {
     "gemma3-270m": BenchModel("gemma3-270m", "gemma3_270m_8da4w.pte"),
     "smollm2-135m": BenchModel("smollm2-135m", "smollm2_135m_8da4w.pte"),
-    "qwen2.5-coder-0.5b": BenchModel("qwen2.5-coder-0.5b"),
-    "qwen2.5-coder-1.5b": BenchModel("qwen2.5-coder-1.5b"),
+    "qwen2.5-coder-0.5b": BenchModel("qwen2.5-coder-0.5b", "qwen2_5_coder_0_5b_8da4w.pte"),
+    "qwen2.5-coder-1.5b": BenchModel("qwen2.5-coder-1.5b", "qwen2_5_coder_1_5b_8da4w.pte"),
     "random-7b": BenchModel("random-7b"),
 }
 
