@@ -69,8 +69,12 @@ class ForwardMethod:
         from executorch.runtime import Runtime
 
         self.torch = torch
-        program = Runtime.get().load_program(str(pte_path))
-        self.method = program.load_method("forward")
+        self.program = Runtime.get().load_program(str(pte_path))
+        self.method = self.program.load_method("forward")
+
+    def method_value(self, name: str):
+        """One of the export's constant metadata methods, e.g. get_max_seq_len."""
+        return self.program.load_method(name).execute([])[0]
 
     def __call__(self, ids: list[int], start_pos: int) -> np.ndarray:
         torch = self.torch
