@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import subprocess
 import sys
 import time
@@ -206,8 +207,14 @@ def qwen2_5_export_command(model: BenchModel) -> list[str]:
     import executorch
 
     out = model.executorch_dir
-    yaml = (Path(next(iter(executorch.__path__))) / "examples" / "models" / "qwen2_5" / "config"
-            / "qwen2_5_coder_xnnpack_q8da4w.yaml")
+    recipe = (Path(next(iter(executorch.__path__))) / "examples" / "models" / "qwen2_5" / "config"
+              / "qwen2_5_coder_xnnpack_q8da4w.yaml")
+    # The shipped yaml writes `metadata='{...}'` (command-line syntax), which YAML reads as a key
+    # named "metadata='{"get_bos_id"" that the structured config rejects. A copy with the one line
+    # as `metadata: '{...}'` is the same recipe.
+    text = re.sub(r"^(\s*)metadata=", r"\1metadata: ", recipe.read_text(), flags=re.M)
+    yaml = out / recipe.name
+    yaml.write_text(text)
     # The yaml is not the structured config, so keys it lacks are added with Hydra's "+".
     return [sys.executable, "-m", "executorch.extension.llm.export.export_llm", "--config", str(yaml),
             f"+base.model_class={QWEN2_5_MODEL_CLASSES[model.name]}",
