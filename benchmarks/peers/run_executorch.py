@@ -30,6 +30,9 @@ MAX_PREFILL_CHUNK = 511
 def register_custom_ops() -> None:
     # Registers the llama:: ops (custom SDPA, KV-cache update); loading `forward` fails without it.
     import executorch.extension.llm.custom_ops.custom_ops  # noqa: F401
+    # Registers the quantized_decomposed:: kernels: the Qwen2.5 recipe's 8-bit embedding
+    # (embedding_byte) is not delegated to XNNPACK, and `forward` fails to load without them.
+    import executorch.kernels.quantized  # noqa: F401
 
 
 def set_threads(n: int) -> int:
