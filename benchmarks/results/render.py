@@ -422,8 +422,8 @@ def kernels_side_by_side() -> list[str]:
         runs.append(run)
         for c in unique(r["config"] for r in rs):
             v = {r["metric"]: r for r in pick(rs, config=c)}
-            rows.append([m, c, fmt_range(v.get("decode_tok_s"), 1, ""), fmt_range(v.get("decode_vs_llamacpp")),
-                         fmt_range(v.get("decode_vs_peer")),
+            rows.append([m, c, fmt_range(v.get("decode_tok_s"), 1, ""),
+                         fmt_range(v.get("decode_vs_llamacpp")), fmt_range(v.get("decode_vs_peer")),
                          fmt(v["prefill_tok_s"]["value"]), fmt_range(v.get("prefill_vs_llamacpp")),
                          fmt_range(v.get("prefill_vs_peer")),
                          fmt((v.get("perplexity") or {}).get("value"), 3), fmt(v["peak_rss_mb"]["value"], 0),
