@@ -8,18 +8,23 @@ q4_0's per-block scale does, and on real tensors its error was about twice q4_0'
 block scale, the table only has to fit the *shape* of the block-normalized values, where a
 non-uniform 16-level table beats q4_0's uniform grid.
 
-The fit, per row (all rows of a chunk at once, numpy-vectorized):
+The fit, per row (all rows of a chunk at once, numpy-vectorized, float32):
 1. block scales from each block's largest magnitude; values normalized by them;
 2. the 16 levels: a 1-D k-means over the row's normalized values in which value j counts with
-   weight E[x_j^2] * scale^2 (its share of the first-order output error sum_j E[x_j^2] dw_j^2),
-   started at weighted quantiles; snapped to int8 with the largest level at 127;
-3. per block, a search over candidate scales: indices to the nearest level, then the weighted
-   least-squares scale for those indices; the best candidate wins;
-4. steps 2-3 once more with the block scales of step 3 (the table is refit to the values as the
-   blocks really scale them);
+   weight sqrt(E[x_j^2]) * scale^2 (E[x_j^2] weighs column j's share of the first-order output
+   error sum_j E[x_j^2] dw_j^2; its square root keeps rare large columns from taking over the
+   table), on a histogram of 1/2-level bins, started at weighted quantiles, then from the
+   previous round's levels; snapped to int8 with the largest level at 127;
+3. per block, a search over candidate scales (the previous round's, and six around the block's
+   largest magnitude): indices to the nearest level, then the weighted least-squares scale (full
+   E[x_j^2] weights) for those indices; the best candidate wins;
+4. steps 2-3 for FIT_ROUNDS rounds in all (the table is refit to the values as the blocks really
+   scale them; each round lowers the weighted error);
 5. the block scales rounded to s * k^2 (k = 0..255, s = the row's largest block scale / 255^2:
    relative steps of 2/k, finer than fp16's for every block above 1/60 of the row's largest),
    indices re-assigned to the rounded scales.
+Nearest-level indices come from a per-row table over ceil(2u) (`index_table`): the levels are
+integers, so that lookup is exact and replaces 15 compares per value.
 """
 
 from __future__ import annotations
@@ -35,12 +40,13 @@ HEADER_BYTES = 20  # f32 row scale + 16 int8 levels
 BLOCK_BYTES = 17  # scale code + 16 bytes of indices
 ITERATIONS = 20
 WARM_ITERATIONS = 6
-FIT_ROUNDS = 3
+FIT_ROUNDS = 4
 # candidate block scales, as fractions of (block's largest magnitude / 127)
 SCALE_STEPS = np.array([0.9, 0.95, 1.0, 1.05, 1.1, 1.18])
 _CHUNK_VALUES = 1 << 20  # values per chunk: bounds the temporaries to tens of MB
 _CONVERGED = 0.02  # centroid moves below this (in int8 level units) no longer change the rounded levels
-_ROW_GAP = 1024.0  # rows are shifted apart by this much in joint searches; levels lie in [-127, 127]
+_HALF_SPAN = 256  # ceil(2u) of a normalized value u, clipped to [-256, 256] (levels lie in [-127, 127])
+_TABLE = 2 * _HALF_SPAN + 1
 _MAX_CODE = 255
 _LEVEL_MAX = 127.0
 _BIN = 0.5  # histogram bin of the k-means, in level units
@@ -48,19 +54,31 @@ KMEANS_POWER = 0.5
 REFINE = 0
 
 
-def _row_shift(rows: int) -> np.ndarray:
-    return np.arange(rows, dtype=np.float64)[:, None] * _ROW_GAP  # [R, 1]
+def index_table(levels: np.ndarray) -> np.ndarray:
+    """Nearest-level index of every value u of a row, tabulated by t = ceil(2u) in [-256, 256].
+    Levels are integers, so the midpoints m between them are multiples of 1/2 and u > m exactly
+    when ceil(2u) > 2m: one table lookup per value replaces 15 compares.
+    levels: [R, 16] sorted integer-valued -> uint8 [R, 513]."""
+    rows = levels.shape[0]
+    twice_mid = (levels[:, 1:] + levels[:, :-1]).astype(np.int64)  # [R, 15], within [-254, 254]
+    # count of midpoints below t = prefix sum of a histogram with each midpoint at t = 2m + 1
+    pos = twice_mid + _HALF_SPAN + 1 + np.arange(rows)[:, None] * _TABLE
+    hist = np.bincount(pos.reshape(-1), minlength=rows * _TABLE).reshape(rows, _TABLE)
+    return np.cumsum(hist, axis=1).astype(np.uint8)
+
+
+def lookup(u2: np.ndarray, table: np.ndarray) -> np.ndarray:
+    """table[r, ceil(u2)] for u2 = twice the normalized values [R, C] (float32); table: [R, 513]."""
+    t = np.ceil(u2)
+    np.clip(t, -_HALF_SPAN, _HALF_SPAN, out=t)
+    flat = t.astype(np.intp)
+    flat += (np.arange(u2.shape[0], dtype=np.intp) * _TABLE + _HALF_SPAN)[:, None]
+    return np.take(table.reshape(-1), flat, mode="clip")  # in range by construction; "clip" skips the check
 
 
 def assign(v: np.ndarray, levels: np.ndarray) -> np.ndarray:
-    """Index of the nearest level for every value. v: [R, C]; levels: [R, 16] sorted.
-    Counts the midpoints below each value (15 vector compares: faster than a search)."""
-    mids = (0.5 * (levels[:, 1:] + levels[:, :-1])).astype(np.float32)  # [R, 15]
-    vv = v.astype(np.float32)
-    idx = np.zeros(v.shape, dtype=np.uint8)
-    for k in range(LEVELS - 1):
-        idx += vv > mids[:, k:k + 1]
-    return idx
+    """Index of the nearest level for every value. v: [R, C]; levels: [R, 16] sorted integers."""
+    return lookup(2.0 * np.asarray(v, dtype=np.float32), index_table(levels))
 
 
 def kmeans_rows(v: np.ndarray, w: np.ndarray, start: np.ndarray | None = None, iterations: int = ITERATIONS
@@ -69,15 +87,17 @@ def kmeans_rows(v: np.ndarray, w: np.ndarray, start: np.ndarray | None = None, i
     (the levels are rounded to integers in the end), each bin keeping its weight and weighted sum,
     so a Lloyd step is 15 boundary bins (arithmetic, the bins are uniform) and prefix-sum
     differences: the cost is one pass over the values, not a sort per row.
-    v: [R, C]; w: weights broadcastable to [R, C]; start: [R, 16] sorted centroids, or None for the
+    v: [R, C] within [-127, 127]; w: weights broadcastable to [R, C]; start: [R, 16] sorted centroids, or None for the
     weighted (2k + 1) / 32 quantiles. Returns centroids [R, 16] sorted."""
     rows = v.shape[0]
     bins = int(2 * _LEVEL_MAX / _BIN) + 1
-    b = np.clip(np.rint((v + _LEVEL_MAX) / _BIN), 0, bins - 1).astype(np.int64)  # [R, C]
-    flat = (b + np.arange(rows)[:, None] * bins).reshape(-1)
-    ww = np.broadcast_to(w, v.shape).reshape(-1)
-    hw = np.bincount(flat, weights=ww, minlength=rows * bins).reshape(rows, bins)
-    hwv = np.bincount(flat, weights=ww * v.reshape(-1), minlength=rows * bins).reshape(rows, bins)
+    # nearest bin (v lies in [-127, 127], so the shifted value is positive and truncation floors it)
+    flat = (v * np.float32(1 / _BIN) + np.float32(_LEVEL_MAX / _BIN + 0.5)).astype(np.intp)  # [R, C]
+    flat += np.arange(rows, dtype=np.intp)[:, None] * bins
+    flat = flat.reshape(-1)
+    ww = np.broadcast_to(w, v.shape)
+    hw = np.bincount(flat, weights=ww.reshape(-1), minlength=rows * bins).reshape(rows, bins)
+    hwv = np.bincount(flat, weights=(ww * v).reshape(-1), minlength=rows * bins).reshape(rows, bins)
     zero = np.zeros((rows, 1))
     cw = np.concatenate([zero, np.cumsum(hw, axis=1)], axis=1)  # [R, bins + 1]
     cwv = np.concatenate([zero, np.cumsum(hwv, axis=1)], axis=1)
@@ -112,31 +132,35 @@ def _snap_levels(centroids: np.ndarray) -> np.ndarray:
     return levels
 
 
-def _fit_levels(xb: np.ndarray, wb: np.ndarray, d: np.ndarray, start: np.ndarray | None) -> np.ndarray:
-    """Levels [R, 16] for values xb [R, B, 32] under block scales d [R, B]."""
+def _fit_levels(xb: np.ndarray, wk: np.ndarray, d: np.ndarray, start: np.ndarray | None) -> np.ndarray:
+    """Levels [R, 16] for values xb [R, B, 32] under block scales d [R, B]; wk: k-means weights [1, B, 32]."""
     rows = xb.shape[0]
-    safe = np.where(d > 0, d, 1.0)[..., None]
+    safe = np.where(d > 0, d, 1.0).astype(np.float32)[..., None]
     u = np.clip(xb / safe, -127.0, 127.0).reshape(rows, -1)
-    kw = (np.broadcast_to(wb ** KMEANS_POWER, xb.shape) * safe * safe).reshape(rows, -1)
+    kw = (wk * (safe * safe)).reshape(rows, -1)
     # a start from the previous round's levels is close: a few Lloyd steps settle it
     return _snap_levels(kmeans_rows(u, kw, start, ITERATIONS if start is None else WARM_ITERATIONS))
 
 
-def _block_scales(xb: np.ndarray, wb: np.ndarray, levels: np.ndarray) -> np.ndarray:
-    """Per block the weighted least-squares scale of the best candidate, [R, B]."""
+def _block_scales(xb: np.ndarray, wb: np.ndarray, levels: np.ndarray, previous: np.ndarray) -> np.ndarray:
+    """Per block the weighted least-squares scale of the best candidate, [R, B]: the previous
+    round's scale (so a round never loses what the last one found) and the steps around the
+    block's largest magnitude."""
     rows, nb, _ = xb.shape
     amax = np.abs(xb).max(axis=2)  # [R, B]
-    best_gain = np.full((rows, nb), -1.0)
+    safe_amax = np.where(amax > 0, amax, 1.0)
+    best_gain = np.full((rows, nb), -1.0, dtype=np.float32)
     best_d = amax / 127.0
     wx = wb * xb
+    values = np.take_along_axis(levels.astype(np.float32), index_table(levels).astype(np.int64), axis=1)  # [R, 513]
 
-    def keep_better(d: np.ndarray) -> None:
-        """Indices to scale d, then their least-squares scale; kept per block where it lowers the error."""
+    def keep_better(inv: np.ndarray) -> None:
+        """Levels for the values times inv [R, B], then their least-squares scale; kept per block
+        where it lowers the weighted error."""
         nonlocal best_gain, best_d
-        idx = assign((xb / d[..., None]).reshape(rows, -1), levels).reshape(xb.shape)
-        lv = np.take_along_axis(levels, idx.reshape(rows, -1), axis=1).reshape(xb.shape)
+        lv = lookup((xb * (2.0 * inv)[..., None]).reshape(rows, -1), values).reshape(xb.shape)
         sxl = np.einsum("rbk,rbk->rb", wx, lv)
-        sll = np.einsum("rbk,rbk,rbk->rb", wb, lv, lv)
+        sll = np.einsum("rbk,rbk->rb", wb * lv, lv)
         ok = sll > 0
         dd = np.where(ok, sxl / np.where(ok, sll, 1.0), 0.0)
         gain = np.where(ok & (dd > 0), sxl * dd, 0.0)  # weighted error = sum w x^2 - gain
@@ -144,10 +168,11 @@ def _block_scales(xb: np.ndarray, wb: np.ndarray, levels: np.ndarray) -> np.ndar
         best_gain = np.where(better, gain, best_gain)
         best_d = np.where(better, np.maximum(dd, 0.0), best_d)
 
+    keep_better((1.0 / np.where(previous > 0, previous, safe_amax / 127.0)).astype(np.float32))
     for step in SCALE_STEPS:
-        keep_better(np.where(amax > 0, amax / (127.0 * step), 1.0))
+        keep_better((127.0 * step / safe_amax).astype(np.float32))
     for _ in range(REFINE):  # indices to the best scale, then its least-squares scale again
-        keep_better(np.where(best_d > 0, best_d, 1.0))
+        keep_better((1.0 / np.where(best_d > 0, best_d, 1.0)).astype(np.float32))
     return np.where(amax > 0, best_d, 0.0)
 
 
@@ -170,22 +195,23 @@ def quantize_q4_lut(values: np.ndarray, importance: np.ndarray | None) -> np.nda
         raise ValueError(f"q4_lut needs rows that are a multiple of {BLOCK} values, got {cols}")
     nb = cols // BLOCK
     w = np.ones(cols) if importance is None else np.asarray(importance, dtype=np.float64).reshape(cols)
-    wb = w.reshape(1, nb, BLOCK)
+    wb = w.reshape(1, nb, BLOCK).astype(np.float32)
+    wk = wb ** np.float32(KMEANS_POWER)
     out = np.zeros((rows, HEADER_BYTES + nb * BLOCK_BYTES), dtype=np.uint8)
     step = max(1, _CHUNK_VALUES // cols)
 
     def chunk(start: int) -> None:
-        xb = np.asarray(values[start:start + step], dtype=np.float64).reshape(-1, nb, BLOCK)  # [R, B, 32]
+        xb = np.asarray(values[start:start + step], dtype=np.float32).reshape(-1, nb, BLOCK)  # [R, B, 32]
         r = xb.shape[0]
         d = np.abs(xb).max(axis=2) / 127.0
         levels = None
         for _ in range(FIT_ROUNDS):
-            levels = _fit_levels(xb, wb, d, levels)
-            d = _block_scales(xb, wb, levels)
-        s, k = _scale_codes(d)
+            levels = _fit_levels(xb, wk, d, levels)
+            d = _block_scales(xb, wb, levels, d)
+        s, k = _scale_codes(d.astype(np.float64))
         dq = s[:, None].astype(np.float64) * (k * k)  # [R, B]
-        safe = np.where(dq > 0, dq, 1.0)[..., None]
-        idx = assign((xb / safe).reshape(r, -1), levels)
+        inv2 = np.where(dq > 0, 2.0 / np.where(dq > 0, dq, 1.0), 0.0).astype(np.float32)[..., None]
+        idx = lookup((xb * inv2).reshape(r, -1), index_table(levels))
         out[start:start + step] = pack_q4_lut(s, levels.astype(np.int8), k, idx)
 
     starts = range(0, rows, step)
