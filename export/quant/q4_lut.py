@@ -11,8 +11,8 @@ non-uniform 16-level table beats q4_0's uniform grid.
 The fit, per row (native: `kernels.quantize_q4_lut`, rows spread over the kernel threads):
 1. block scales from each block's largest magnitude; values normalized by them;
 2. the 16 levels: a 1-D k-means over the row's normalized values in which value j counts with
-   weight sqrt(E[x_j^2]) * scale^2 (E[x_j^2] weighs column j's share of the first-order output
-   error sum_j E[x_j^2] dw_j^2; its square root keeps rare large columns from taking over the
+   weight E[x_j^2]^0.35 * scale^2 (E[x_j^2] weighs column j's share of the first-order output
+   error sum_j E[x_j^2] dw_j^2; the damping keeps rare large columns from taking over the
    table), on a histogram of 1/2-level bins, started at weighted quantiles, then from the
    previous round's levels; snapped to int8 with the largest level at 127;
 3. per block, a search over candidate scales (the previous round's, and six around the block's
