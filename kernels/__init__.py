@@ -23,7 +23,7 @@ from .formats import (
                       row_bytes,
 )
 from .linear import (PANEL_FORMATS, dequantize, matmul, matmul_columns, matmul_panels, matmul_rows, pack_panels,
-                     quantize)
+                     quantize, quantize_q4_lut)
 from .runtime import (
                       available_isas,
                       cpu_features,
@@ -37,7 +37,8 @@ from .runtime import (
 __all__ = [
     "__version__", "FORMATS", "KERNEL_FORMATS", "KV_FORMATS", "QUANTIZABLE",
     "row_bytes", "bundle_bytes", "kv_row_bytes", "kv_cache_bytes", "kv_key_bytes", "kv_capacity", "format_info",
-    "matmul", "matmul_rows", "matmul_columns", "dequantize", "quantize", "pack_panels", "matmul_panels", "PANEL_FORMATS",
+    "matmul", "matmul_rows", "matmul_columns", "dequantize", "quantize", "quantize_q4_lut", "pack_panels",
+    "matmul_panels", "PANEL_FORMATS",
     "ffn_sparse", "pack_bundles",
     "attention", "kv_write", "kv_read", "new_kv_cache", "KIVI",
     "rms_norm", "rope", "gated_act", "softmax", "argmax", "topk",

@@ -157,3 +157,27 @@ def quantize(w: object, fmt: str) -> np.ndarray:
     out = np.empty((rows, rb), dtype=np.uint8)
     _native.quantize(w, rows, cols, fmt, out)
     return out[0] if w.ndim == 1 else out
+
+
+def quantize_q4_lut(w: object, importance: object = None) -> np.ndarray:
+    """q4_lut rows (uint8 [rows, row_bytes]) of a float32 matrix [rows, cols], fit with per-column
+    importance (>= 0, e.g. E[x_j^2] of calibration activations: the error of column j counts with
+    it); None weighs the columns alike, as `quantize(w, "q4_lut")` does."""
+    w = array("w", w, np.float32, (2,))
+    rows, cols = w.shape
+    if rows == 0:
+        raise ValueError("w has no rows")
+    if cols % 32:
+        raise ValueError(f"q4_lut needs rows that are a multiple of 32 values, got {cols}")
+    if not np.isfinite(w).all():
+        raise ValueError("w contains NaN or infinity")
+    imp = None
+    if importance is not None:
+        imp = array("importance", importance, np.float32, (1,))
+        if imp.shape != (cols,):
+            raise ValueError(f"importance has {imp.size} values, w has {cols} columns")
+        if not np.isfinite(imp).all() or (imp < 0).any():
+            raise ValueError("importance must be finite and >= 0")
+    out = np.empty((rows, row_bytes("q4_lut", cols)), dtype=np.uint8)
+    _native.quantize_q4_lut(w, rows, cols, imp, out)
+    return out

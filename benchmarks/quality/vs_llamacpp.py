@@ -170,6 +170,8 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--llamacpp-scoring", choices=("all", "f16", "none"), default="all",
                     help="which GGUF files llama.cpp scores as well (all, only the F16 file, none)")
+    ap.add_argument("--skip-source", action="store_true",
+                    help="score: leave out the F16 file (its scores are already in --out)")
     ap.add_argument("--out", type=Path, default=RESULTS)
     args = ap.parse_args()
 
@@ -218,7 +220,7 @@ def main() -> None:
     windows_file = work / "heldout-windows.json"
     windows_file.write_text(json.dumps(windows))
     del source_model
-    files: list[tuple[str, str, Path, float]] = [("source", "F16", f16, gguf_bits_per_weight(f16))]
+    files: list[tuple[str, str, Path, float]] = [] if args.skip_source else [("source", "F16", f16, math.nan)]
     files += [("llama.cpp", qt, work / f"llamacpp-{qt}.gguf", math.nan) for qt in llama_types]
     files += [("edgeflash", s, work / f"edgeflash-{s}", math.nan) for s in schemes]
     date = datetime.date.today().isoformat()

@@ -174,6 +174,14 @@ void ef::bind_kernels(nb::module_& m) {
     nb::gil_scoped_release release;
     ef::quantize_rows(xp, rows, cols, f, op, cap);
   });
+  m.def("quantize_q4_lut", [](In x, int64_t rows, int64_t cols, std::optional<In> importance, Out out) {
+    const float* xp = ptr<float>(x, static_cast<size_t>(rows * cols), "w");
+    const float* ip = importance ? ptr<float>(*importance, static_cast<size_t>(cols), "importance") : nullptr;
+    uint8_t* op = ptr<uint8_t>(out, 0, "out");
+    const size_t cap = nbytes(out);
+    nb::gil_scoped_release release;
+    ef::quantize_q4_lut_rows(xp, rows, cols, ip, op, cap);
+  });
 
   // ---- sparse FFN
   m.def("ffn_sparse", [](In arena, int64_t n_slots, int64_t dm, const std::string& g, const std::string& u,

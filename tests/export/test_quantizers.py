@@ -92,9 +92,8 @@ def test_q4_lut_layout_and_kmeans(smol_tensors):
     codes = plain[0, 20:].reshape(cols // 32, 17)[:, 0].astype(np.float32)
     block_scale = np.repeat(scale * codes * codes, 32)
     assert np.all(np.isin(np.rint(decoded[0] / block_scale).astype(int), levels))
-    # the native reference quantizer (one fit round, no importance) is close to the exporter's
-    native = kernels.dequantize(kernels.quantize(w, "q4_lut"), "q4_lut", cols)
-    assert sqnr_db(w, decoded) >= sqnr_db(w, native) - 0.3
+    # without importance the exporter's fit is the kernels' own q4_lut quantizer
+    np.testing.assert_array_equal(plain, kernels.quantize(w, "q4_lut"))
     # non-uniform levels beat q4_0's uniform grid at about its size (4.53 against 4.5 bits per
     # weight at rows of 576 values; 4.25 + 160 / cols in general)
     q4_0 = kernels.dequantize(kernels.quantize(w, "q4_0"), "q4_0", cols)

@@ -51,6 +51,26 @@ def test_q4_lut_layout_matches_the_documented_spec(rng):
     assert err_lut < 1.1 * err_q4
 
 
+def test_q4_lut_importance_lowers_the_weighted_error(rng, threads):
+    w = _matrix(rng, 64, 256)
+    importance = np.ones(256, dtype=np.float32)
+    importance[:64] = 30.0  # a quarter of the columns meets large activations
+    plain, weighted = K.quantize(w, "q4_lut"), K.quantize_q4_lut(w, importance)
+    np.testing.assert_array_equal(K.quantize_q4_lut(w), plain)  # no importance: the plain fit
+    np.testing.assert_array_equal(K.quantize_q4_lut(w, np.ones(256, np.float32)), plain)
+
+    def weighted_error(q):
+        return float(np.sum((K.dequantize(q, "q4_lut", 256) - w) ** 2 * importance))
+
+    assert weighted_error(weighted) < 0.95 * weighted_error(plain)
+    with pytest.raises(ValueError, match="multiple of 32"):
+        K.quantize_q4_lut(np.ones((2, 40), np.float32))
+    with pytest.raises(ValueError, match="importance has 3 values"):
+        K.quantize_q4_lut(w, np.ones(3, np.float32))
+    with pytest.raises(ValueError, match="finite and >= 0"):
+        K.quantize_q4_lut(w, -importance)
+
+
 @pytest.mark.parametrize("fmt", ["f32", "f16", "q8_0", "q4_0", "q4_1", "q5_0", "q4_lut"])
 @pytest.mark.parametrize("n", [1, 7, 64, 100])
 def test_matmul_matches_numpy(fmt, n, isa, threads, rng):

@@ -115,6 +115,10 @@ void dequantize_rows(const WeightMatrix& w, const int32_t* rows, int64_t n_rows,
 // x: [rows, cols] f32 -> out: rows * row_bytes(fmt, cols) bytes. GGML rounding for the GGML
 // 32-block formats; q4_lut fits 16 levels per row by 1-D k-means. K-quants are not produced.
 void quantize_rows(const float* x, int64_t rows, int64_t cols, Format fmt, uint8_t* out, size_t out_size);
+// q4_lut with per-column importance (>= 0, e.g. E[x_j^2] of calibration activations; nullptr =
+// all 1): the sensitivity-weighted fit quantize_rows runs with unit weights.
+void quantize_q4_lut_rows(const float* x, int64_t rows, int64_t cols, const float* importance, uint8_t* out,
+                          size_t out_size);
 
 // ---------------------------------------------------------------- sparse FFN on a neuron arena
 
