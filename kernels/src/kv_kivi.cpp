@@ -1,8 +1,9 @@
 // KIVI's 2-bit KV cache: keys per channel (a key channel's outliers stay in their channel, so a
 // scale per channel over a few positions fits them), values per token, the newest positions in
 // f16, and the first block of positions (the attention sink most heads put much of their weight
-// on) kept in f16 too. Quantization is asymmetric round-to-nearest to 4 levels min + d * {0..3},
+// on) kept in f16 too. Values: asymmetric round-to-nearest to 4 levels min + d * {0..3},
 // d = (max - min) / 3, with d and min rounded to f16 first and the codes fit to the rounded pair.
+// Keys: see quantize_key_channel.
 #include "kv_kivi.h"
 
 #include <algorithm>
@@ -15,8 +16,8 @@ namespace ef {
 namespace {
 
 constexpr int64_t G = kKiviGroup;       // positions per block; channels per value group
-constexpr int64_t GK = kKiviKeyGroup;   // positions per key scale
-constexpr int64_t kSub = G / GK;        // key scales per channel in a block
+static_assert(kKiviKeyGroup == kKiviGroup, "a key block is one Hadamard transform over its positions");
+constexpr float kInvSqrtG = 0.17677669529663687f;  // 1 / sqrt(G): the transform is orthonormal
 constexpr size_t kValueGroupBytes = 4 + G / 4;  // f16 scale, f16 min, 2-bit codes
 constexpr int64_t kMaxHeadDim = 512;    // a key block's scales are read onto the stack
 
@@ -45,14 +46,104 @@ void quantize_group(const float* x, int64_t stride, int64_t n, uint16_t* d_out, 
 
 int code_at(const uint8_t* codes, int64_t i) { return (codes[i / 4] >> (2 * (i % 4))) & 3; }
 
+// In place, the orthonormal Walsh-Hadamard transform of G values x[t * stride] (its own inverse).
+void hadamard(float* x, int64_t stride) {
+  for (int64_t len = 1; len < G; len *= 2)
+    for (int64_t i = 0; i < G; i += 2 * len)
+      for (int64_t j = i; j < i + len; ++j) {
+        const float a = x[j * stride], b = x[(j + len) * stride];
+        x[j * stride] = a + b, x[(j + len) * stride] = a - b;
+      }
+  for (int64_t t = 0; t < G; ++t) x[t * stride] *= kInvSqrtG;
+}
+
+// A key channel over a block's G positions: its mean in f16, and the Hadamard transform of what
+// is left quantized symmetrically to (code - 1.5) * step, the step its RMS (near the MSE-best
+// uniform 4-level step for the Gaussian-like coefficients). The transform spreads a token whose
+// key stands out in this channel over all G coefficients, where a per-channel min / max range
+// would have to stretch to it.
+void quantize_key_channel(float* x, int64_t stride, uint16_t* step_out, uint16_t* mean_out, uint8_t* codes) {
+  float sum = 0.0f;
+  for (int64_t t = 0; t < G; ++t) sum += x[t * stride];
+  const uint16_t mh = f32_to_fp16(sum / static_cast<float>(G));
+  const float m = fp16_to_f32(mh);
+  for (int64_t t = 0; t < G; ++t) x[t * stride] -= m;
+  hadamard(x, stride);
+  float ss = 0.0f;
+  for (int64_t t = 0; t < G; ++t) ss += x[t * stride] * x[t * stride];
+  const uint16_t dh = f32_to_fp16(std::sqrt(ss / static_cast<float>(G)));
+  const float d = fp16_to_f32(dh), inv = d > 0.0f ? 1.0f / d : 0.0f;
+  std::memset(codes, 0, G / 4);
+  for (int64_t t = 0; t < G; ++t) {
+    const float q = std::floor(x[t * stride] * inv) + 2.0f;
+    const int c = q <= 0.0f ? 0 : q >= 3.0f ? 3 : static_cast<int>(q);
+    codes[t / 4] |= static_cast<uint8_t>(c << (2 * (t % 4)));
+  }
+  *step_out = dh, *mean_out = mh;
+}
+
+// The inverse: G values x[t * stride] of one key channel from its step, mean and codes.
+void dequantize_key_channel(float d, float m, const uint8_t* codes, float* x, int64_t stride) {
+  for (int64_t t = 0; t < G; ++t) x[t * stride] = (static_cast<float>(code_at(codes, t)) - 1.5f) * d;
+  hadamard(x, stride);
+  for (int64_t t = 0; t < G; ++t) x[t * stride] += m;
+}
+
+// Keys are quantized before RoPE (KVQuant's finding): unrotated, a key channel keeps its range
+// from one position to the next, where RoPE turns a high-frequency channel pair through a whole
+// turn in a few positions and widens every per-channel range. A seal unrotates the ring's f16
+// keys; a read rotates the dequantized keys back, the angle of position s + t (s a block's first
+// position) composed in float from s's cos / sin and a table of the offsets t < G.
+struct RopeTable {
+  int64_t rot_dim = -1;
+  float theta = 0.0f, scale = 0.0f;
+  std::vector<float> factors;
+  std::vector<double> inv_freq;     // [half], as rope() computes it
+  std::vector<float> cos_t, sin_t;  // [G][half]
+  int64_t half() const { return rot_dim / 2; }
+  void at(int64_t pos, float* c, float* s) const {  // cos and sin of pos * inv_freq, [half] each
+    for (int64_t i = 0; i < half(); ++i) {
+      const double a = static_cast<double>(pos) * inv_freq[i];
+      c[i] = static_cast<float>(std::cos(a)), s[i] = static_cast<float>(std::sin(a));
+    }
+  }
+};
+
+const RopeTable& rope_table(const RopeParams& p) {
+  thread_local RopeTable t;
+  const int64_t half = p.rot_dim / 2;
+  const bool same = t.rot_dim == p.rot_dim && t.theta == p.theta_base && t.scale == p.linear_scale &&
+                    t.factors.size() == static_cast<size_t>(p.freq_factors ? half : 0) &&
+                    (!p.freq_factors || std::equal(t.factors.begin(), t.factors.end(), p.freq_factors));
+  if (same) return t;
+  t.rot_dim = p.rot_dim, t.theta = p.theta_base, t.scale = p.linear_scale;
+  t.factors.assign(p.freq_factors, p.freq_factors ? p.freq_factors + half : p.freq_factors);
+  t.inv_freq.resize(static_cast<size_t>(half));
+  for (int64_t i = 0; i < half; ++i) {
+    double f = std::pow(static_cast<double>(p.theta_base), -2.0 * static_cast<double>(i) / static_cast<double>(p.rot_dim));
+    if (p.freq_factors) f /= p.freq_factors[i];
+    t.inv_freq[i] = f / p.linear_scale;
+  }
+  t.cos_t.resize(static_cast<size_t>(G * half)), t.sin_t.resize(t.cos_t.size());
+  for (int64_t o = 0; o < G; ++o) t.at(o, t.cos_t.data() + o * half, t.sin_t.data() + o * half);
+  return t;
+}
+
+void check_rope(const RopeParams& p, int64_t head_dim) {
+  if (p.rot_dim == 0) return;
+  if (p.rot_dim < 0 || p.rot_dim % 2 || p.rot_dim > head_dim || !(p.theta_base > 0.0f) || !(p.linear_scale > 0.0f))
+    throw KernelError("a kivi2 cache's RoPE needs an even rot_dim in (0, head_dim=" + std::to_string(head_dim) +
+                      "] and a positive theta and scale, got rot_dim " + std::to_string(p.rot_dim));
+}
+
 // One KV head's part of K: [key store][sink][ring]; of V: [value store][sink][ring].
-// A key block (G positions): f16 scale [hd][kSub], f16 min [hd][kSub], codes [hd][G / 4].
+// A key block (G positions): f16 step [hd], f16 mean [hd], codes [hd][G / 4].
 // A cache that never wraps has no store for block 0 (its positions stay in the sink).
 struct KiviLayout {
   int64_t hd, cap, recent;
   bool wraps;
   int64_t first() const { return wraps ? 0 : 1; }  // slot block of the store's first block
-  size_t key_block() const { return static_cast<size_t>(hd) * (4 * kSub + G / 4); }
+  size_t key_block() const { return static_cast<size_t>(hd) * (4 + G / 4); }
   size_t value_row() const { return static_cast<size_t>(hd / G) * kValueGroupBytes; }
   size_t key_store() const { return static_cast<size_t>(cap / G - first()) * key_block(); }
   size_t value_store() const { return static_cast<size_t>(cap - first() * G) * value_row(); }
@@ -84,8 +175,13 @@ void seal(const KvCache& c, const KiviLayout& l, int64_t s) {
     if (c.slot_pos[(s + t) % c.capacity] != s + t)
       throw KernelError("kv_write: a kivi2 cache seals whole blocks of positions, and position " +
                         std::to_string(s + t) + " was never written");
-  const int64_t hd = l.hd;
+  const int64_t hd = l.hd, half = c.rope.rot_dim / 2;
   std::vector<float> x(static_cast<size_t>(G * hd));
+  std::vector<float> cs(static_cast<size_t>(G * half)), sn_all(cs.size());  // the block's positions' angles
+  if (half && s > 0) {
+    const RopeTable& rt = rope_table(c.rope);
+    for (int64_t t = 0; t < G; ++t) rt.at(s + t, cs.data() + t * half, sn_all.data() + t * half);
+  }
   for (int64_t h = 0; h < c.n_kv_heads; ++h) {
     const HeadView hv{c, l, h};
     if (s == 0) {
@@ -95,19 +191,24 @@ void seal(const KvCache& c, const KiviLayout& l, int64_t s) {
       }
       continue;
     }
-    // Keys: the block's G vectors as [G, hd] floats, then per channel (stride hd) kSub groups of GK positions.
+    // Keys: the block's G vectors as [G, hd] floats, unrotated, then per channel (stride hd).
     for (int64_t t = 0; t < G; ++t) {
       const uint8_t* src = hv.key_f16(hv.ring_index(s + t));
-      for (int64_t e = 0; e < hd; ++e) x[t * hd + e] = fp16_to_f32(load16(src + 2 * e));
+      float* xt = x.data() + t * hd;
+      for (int64_t e = 0; e < hd; ++e) xt[e] = fp16_to_f32(load16(src + 2 * e));
+      for (int64_t i = 0; i < half; ++i) {
+        const float c = cs[t * half + i], sn = sn_all[t * half + i], x0 = xt[i], x1 = xt[i + half];
+        xt[i] = x0 * c + x1 * sn;
+        xt[i + half] = x1 * c - x0 * sn;
+      }
     }
     uint8_t* kb = hv.key_block(s % c.capacity);
-    for (int64_t e = 0; e < hd; ++e)
-      for (int64_t sub = 0; sub < kSub; ++sub) {
-        uint16_t d, m;
-        quantize_group(x.data() + sub * GK * hd + e, hd, GK, &d, &m, kb + 4 * kSub * hd + e * (G / 4) + sub * (GK / 4));
-        store16(kb + 2 * (e * kSub + sub), d);
-        store16(kb + 2 * kSub * hd + 2 * (e * kSub + sub), m);
-      }
+    for (int64_t e = 0; e < hd; ++e) {
+      uint16_t d, m;
+      quantize_key_channel(x.data() + e, hd, &d, &m, kb + 4 * hd + e * (G / 4));
+      store16(kb + 2 * e, d);
+      store16(kb + 2 * hd + 2 * e, m);
+    }
     // Values: each position's vector in groups of G channels, in its own slot's row.
     for (int64_t t = 0; t < G; ++t) {
       const uint8_t* src = hv.value_f16(hv.ring_index(s + t));
@@ -164,6 +265,7 @@ namespace kivi {
 
 void check(const KvCache& c, const char* what) {
   if (!c.sealed) throw KernelError(std::string(what) + ": a kivi2 KV cache needs its sealed-position counter");
+  check_rope(c.rope, c.head_dim);
   if (*c.sealed < 0 || *c.sealed % G)
     throw KernelError(std::string(what) + ": a kivi2 cache's sealed position must be a multiple of " +
                       std::to_string(G) + ", got " + std::to_string(*c.sealed));
@@ -211,7 +313,11 @@ void rows_f16(const KvCache& c, int64_t g, int64_t j0, int64_t count, uint16_t* 
   const KiviLayout l = layout(c.capacity, c.head_dim, c.wraps);
   const HeadView hv{c, l, g};
   const int64_t hd = l.hd;
-  float kd[kMaxHeadDim * kSub], km[kMaxHeadDim * kSub];  // one key block's scales and minimums
+  thread_local std::vector<float> kblock;  // one key block, dequantized and still unrotated: [G, hd]
+  kblock.resize(static_cast<size_t>(G * hd));
+  float cb[kMaxHeadDim / 2], sb[kMaxHeadDim / 2], kf[kMaxHeadDim];  // its first position's angles; a key
+  const int64_t half = c.rope.rot_dim / 2;
+  const RopeTable* rt = half ? &rope_table(c.rope) : nullptr;
   int64_t block_read = -1;
   for (int64_t j = j0; j < j0 + count; ++j) {
     uint16_t* ko = k + (j - j0) * hd;
@@ -225,16 +331,24 @@ void rows_f16(const KvCache& c, int64_t g, int64_t j0, int64_t count, uint16_t* 
       std::memcpy(ko, hv.key_f16(i), static_cast<size_t>(hd) * 2);
       std::memcpy(vo, hv.value_f16(i), static_cast<size_t>(hd) * 2);
     } else {
-      const int64_t block = j / G, t = j % G, sub = t / GK;
-      const uint8_t* kb = hv.key_block(j);
+      const int64_t block = j / G, t = j % G;
       if (block != block_read) {
-        for (int64_t e = 0; e < hd * kSub; ++e)
-          kd[e] = fp16_to_f32(load16(kb + 2 * e)), km[e] = fp16_to_f32(load16(kb + 2 * kSub * hd + 2 * e));
+        const uint8_t* kb = hv.key_block(j);
+        for (int64_t e = 0; e < hd; ++e)
+          dequantize_key_channel(fp16_to_f32(load16(kb + 2 * e)), fp16_to_f32(load16(kb + 2 * hd + 2 * e)),
+                                 kb + 4 * hd + e * (G / 4), kblock.data() + e, hd);
+        if (rt) rt->at(p - t, cb, sb);  // slot j holds position p, and p % G == j % G == t
         block_read = block;
       }
-      const uint8_t* codes = kb + 4 * kSub * hd;
-      for (int64_t e = 0; e < hd; ++e)
-        ko[e] = f32_to_fp16(km[e * kSub + sub] + kd[e * kSub + sub] * static_cast<float>(code_at(codes + e * (G / 4), t)));
+      std::copy(kblock.data() + t * hd, kblock.data() + (t + 1) * hd, kf);
+      for (int64_t i = 0; i < half; ++i) {
+        const float ct = rt->cos_t[t * half + i], st = rt->sin_t[t * half + i];
+        const float cp = cb[i] * ct - sb[i] * st, sp = sb[i] * ct + cb[i] * st;
+        const float x0 = kf[i], x1 = kf[i + half];
+        kf[i] = x0 * cp - x1 * sp;
+        kf[i + half] = x0 * sp + x1 * cp;
+      }
+      for (int64_t e = 0; e < hd; ++e) ko[e] = f32_to_fp16(kf[e]);
       const uint8_t* row = hv.value_row(j);
       for (int64_t gi = 0; gi < hd / G; ++gi) {
         const uint8_t* grp = row + gi * kValueGroupBytes;
