@@ -11,11 +11,12 @@ than V) and one more array, `sealed` (int64 [1]). Keys are quantized per channel
 KIVI["key_group"] positions: before RoPE (`rope`: the rotation the written keys carry), an f16
 mean, and the orthonormal Walsh-Hadamard transform of the rest over the block's positions on
 4 symmetric levels of an f16 step (its RMS); values per position, an f16 scale and minimum per
-KIVI["group"] channels; 2-bit codes (4 levels). Positions stay in f16 until a write
-starts KIVI["recent"] positions past their block of KIVI["group"]; the first block stays in f16
-(the attention sink). Position p must go to slot p % capacity (capacity a multiple of
-KIVI["group"]); `sealed` is the first position not yet moved out of the f16 ring. The byte
-layout is in kernels/include/edgeflash/kernels.h.
+KIVI["group"] channels; 2-bit codes (4 levels). Positions stay in a ring of q8_0 rows until a
+write starts kivi_recent(capacity) positions past their block of KIVI["group"]; in a cache that
+does not wrap the first block stays in q8_0 (the attention sink; a wrapping cache serves a
+sliding window, which leaves it behind). Position p must go to slot p % capacity (capacity a
+multiple of KIVI["group"]); `sealed` is the first position not yet moved out of the ring. The
+byte layout is in kernels/include/edgeflash/kernels.h.
 """
 
 from __future__ import annotations
@@ -26,7 +27,13 @@ from . import _native
 from ._arrays import array, index_array, out_array, writable
 from .formats import kv_cache_bytes, kv_key_bytes, kv_row_bytes
 
-KIVI: dict[str, int] = dict(_native.kivi_constants())  # group, key_group, recent, max_write
+KIVI: dict[str, int] = dict(_native.kivi_constants())  # group, key_group, recent_min, recent_max, max_write
+
+
+def kivi_recent(capacity: int) -> int:
+    """Positions before a decoded token that a kivi2 cache of `capacity` slots keeps in q8_0 (at
+    least): an eighth of the capacity in whole blocks, from KIVI["recent_min"] to KIVI["recent_max"]."""
+    return int(_native.kv_recent(int(capacity)))
 
 
 def _rope(rope: tuple[int, float] | None, head_dim: int) -> tuple[int, float]:

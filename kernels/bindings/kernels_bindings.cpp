@@ -94,9 +94,11 @@ void ef::bind_kernels(nb::module_& m) {
     return ef::kv_key_bytes(fmt_of(fmt), n_kv, cap, hd, wraps);
   });
   m.def("kv_recent_slots", &ef::kv_recent_slots);
+  m.def("kv_recent", &ef::kv_recent);
   m.def("kivi_constants", [] {
     nb::dict d;
-    d["group"] = ef::kKiviGroup, d["key_group"] = ef::kKiviKeyGroup, d["recent"] = ef::kKiviRecent;
+    d["group"] = ef::kKiviGroup, d["key_group"] = ef::kKiviKeyGroup;
+    d["recent_min"] = ef::kKiviRecentMin, d["recent_max"] = ef::kKiviRecentMax;
     d["max_write"] = ef::kKiviMaxWrite;
     return d;
   });

@@ -1,5 +1,5 @@
 """The kivi2 KV cache (KIVI's 2-bit keys per channel, values per token, the newest positions and
-the first block in f16) against a numpy implementation of the same quantization: what attention
+the first block in q8_0) against a numpy implementation of the same quantization: what attention
 reads must match it bit for bit, and attention over the cache must equal f16 attention over
 those values."""
 
@@ -9,7 +9,8 @@ import edgeflash.kernels as K
 import numpy as np
 import pytest
 
-G, GK, R, W = (K.KIVI[k] for k in ("group", "key_group", "recent", "max_write"))
+G, W = K.KIVI["group"], K.KIVI["max_write"]
+STEP_MULTS = [np.float32(m) for m in (0.75, 0.875, 1.0, 1.125, 1.25, 1.5, 1.75)]
 
 
 def _quantize_groups(x: np.ndarray) -> np.ndarray:
@@ -44,16 +45,36 @@ def _ordered_sum(x: np.ndarray) -> np.ndarray:
     return s
 
 
+def _f16(x: np.ndarray) -> np.ndarray:
+    return x.astype(np.float16).astype(np.float32)
+
+
+def _codes(y: np.ndarray, d: np.ndarray) -> np.ndarray:
+    inv = np.where(d > 0, np.float32(1) / np.where(d > 0, d, np.float32(1)), np.float32(0)).astype(np.float32)
+    return np.clip(np.floor(y * inv) + np.float32(2), 0, 3).astype(np.float32)
+
+
 def _quantize_key_channels(x: np.ndarray) -> np.ndarray:
     """x [..., G]: one key channel over a block's positions -> what the 2-bit store gives back:
-    an f16 mean, the Hadamard transform of the rest on the levels (code - 1.5) * step with an f16
-    step of its RMS, transformed back."""
-    m = (_ordered_sum(x) / np.float32(G)).astype(np.float16).astype(np.float32)[..., None]
+    an f16 mean, the Hadamard transform of the rest on the levels (code - 1.5) * step with the f16
+    step among multiples of its RMS of least squared error, transformed back."""
+    m = _f16(_ordered_sum(x) / np.float32(G))[..., None]
     y = _hadamard(x - m)
-    d = np.sqrt(_ordered_sum(y * y) / np.float32(G)).astype(np.float16).astype(np.float32)[..., None]
-    inv = np.where(d > 0, np.float32(1) / np.where(d > 0, d, np.float32(1)), np.float32(0)).astype(np.float32)
-    c = np.clip(np.floor(y * inv) + np.float32(2), 0, 3).astype(np.float32)
-    return _hadamard((c - np.float32(1.5)) * d) + m
+    rms = np.sqrt(_ordered_sum(y * y) / np.float32(G))[..., None]
+    d, best = _f16(rms), np.full(rms.shape, np.inf, np.float32)
+    for mult in STEP_MULTS:
+        td = _f16(mult * rms)
+        r = y - (_codes(y, td) - np.float32(1.5)) * td
+        err = _ordered_sum(r * r)[..., None]
+        d, best = np.where(err < best, td, d), np.minimum(err, best)
+    return _hadamard((_codes(y, d) - np.float32(1.5)) * d) + m
+
+
+def _q8(x: np.ndarray) -> np.ndarray:
+    """x [..., hd] through a q8_0 row (the ring and the sink), as float32."""
+    hd = x.shape[-1]
+    rows = x.reshape(-1, hd)
+    return K.dequantize(K.quantize(rows, "q8_0"), "q8_0", hd).reshape(x.shape).astype(np.float32)
 
 
 def _angles(positions: np.ndarray, rope: tuple[int, float]) -> tuple[np.ndarray, np.ndarray]:
@@ -92,15 +113,16 @@ def _expected(keys: np.ndarray, values: np.ndarray, cap: int, batch: int,
     slots' f32 keys and values [n_kv, cap, hd], slot_pos and the sealed position."""
     P, n_kv, hd = keys.shape
     # Blocks ending R or more before a run's first position are sealed when the run is written
-    # (a run: W positions of one call); block 0 goes to the f16 sink.
+    # (a run: W positions of one call); block 0 goes to the q8_0 sink unless the cache wraps.
     last_run = max(p0 + r for p0 in range(0, P, batch) for r in range(0, min(batch, P - p0), W))
-    sealed = max(0, (last_run - R) // G * G)
-    k16, v16 = keys.astype(np.float16).astype(np.float32), values.astype(np.float16).astype(np.float32)
-    kq, vq = k16.astype(np.float16), v16.astype(np.float16)
-    if sealed > G:
-        n = sealed - G
-        kq[G:sealed] = _keys_through_store(k16[G:sealed], G, rope)
-        vq[G:sealed] = _quantize_groups(v16[G:sealed].reshape(n, n_kv, hd // G, G)).reshape(n, n_kv, hd)
+    sealed = max(0, (last_run - K.kivi_recent(cap)) // G * G)
+    first = 0 if P > cap else G  # the first position of the 2-bit store
+    kr, vr = _q8(keys), _q8(values)
+    kq, vq = kr.astype(np.float16), vr.astype(np.float16)
+    if sealed > first:
+        n = sealed - first
+        kq[first:sealed] = _keys_through_store(kr[first:sealed], first, rope)
+        vq[first:sealed] = _quantize_groups(vr[first:sealed].reshape(n, n_kv, hd // G, G)).reshape(n, n_kv, hd)
     kf, vf = np.zeros((n_kv, cap, hd), np.float32), np.zeros((n_kv, cap, hd), np.float32)
     slot_pos = np.full(cap, -1, np.int32)
     for p in range(max(0, P - cap), P):
@@ -131,7 +153,7 @@ def _fill(n_kv: int, cap: int, hd: int, P: int, batch: int, rng: np.random.Gener
 def test_kivi2_reads_match_numpy_exactly(isa, n_kv, cap, hd, P, batch, rope, rng):
     cache, keys, values = _fill(n_kv, cap, hd, P, batch, rng, rope)
     kf, vf, slot_pos, sealed = _expected(keys, values, cap, batch, rope)
-    assert sealed > G or P < 2 * G + R  # the cases reach the 2-bit store where they can
+    assert sealed > G or P < 2 * G + K.kivi_recent(cap)  # the cases reach the 2-bit store where they can
     assert int(cache[3][0]) == sealed
     np.testing.assert_array_equal(cache[2], slot_pos)
     got_k, got_v = K.kv_read(*cache[:3], hd, sealed=cache[3], rope=rope)
@@ -182,15 +204,22 @@ def test_kivi2_attention_is_f16_attention_over_its_values(isa, threads, n_kv, n_
 
 def test_kivi2_memory_is_under_0_3x_f16_at_long_contexts():
     # Per position: keys 2 bits + an f16 mean and step per 32 (3 bits), values 2 bits + an f16
-    # scale and minimum per 32 (3 bits); per KV head the sink and the ring: G + R + G + W - 1 f16
-    # vectors; a cache that never wraps has no 2-bit store for the sink's block.
+    # scale and minimum per 32 (3 bits); per KV head the ring of R + G + W - 1 q8_0 rows (34 bytes
+    # per 32 values) and, in a cache that does not wrap, the sink's G rows instead of a 2-bit block.
+    q8 = 34 / 64  # of f16's bytes
     for cap, hd in [(2048, 64), (4096, 128), (576, 256)]:
         f16 = K.kv_cache_bytes("f16", 2, cap, hd)
-        ring = (G + min(R + G + W - 1, cap)) / cap
+        ring = min(K.kivi_recent(cap) + G + W - 1, cap) / cap * q8
         assert K.kv_cache_bytes("kivi2", 2, cap, hd) / f16 == pytest.approx((3 + 3) / 32 + ring)
-        no_ring = K.kv_cache_bytes("kivi2", 2, cap, hd, wraps=False) / f16
-        assert no_ring == pytest.approx((3 + 3) / 32 * (cap - G) / cap + ring)
+        no_wrap = K.kv_cache_bytes("kivi2", 2, cap, hd, wraps=False) / f16
+        assert no_wrap == pytest.approx((3 + 3) / 32 * (cap - G) / cap + ring + G / cap * q8)
     assert K.kv_cache_bytes("kivi2", 2, 2048, 64, wraps=False) < 0.3 * K.kv_cache_bytes("f16", 2, 2048, 64)
+    assert K.kv_cache_bytes("kivi2", 1, 576, 256) < 0.32 * K.kv_cache_bytes("f16", 1, 576, 256)  # a sliding layer
+
+
+def test_kivi2_recent_window_is_an_eighth_of_the_capacity_within_bounds():
+    lo, hi = K.KIVI["recent_min"], K.KIVI["recent_max"]
+    assert [K.kivi_recent(c) for c in (256, 576, 1024, 2048, 4096, 32768)] == [lo, lo, 128, hi, hi, hi]
 
 
 def test_kivi2_rejects_what_it_cannot_hold():
@@ -199,6 +228,7 @@ def test_kivi2_rejects_what_it_cannot_hold():
     with pytest.raises(ValueError, match="in slot 5, got slot 6"):
         K.kv_write(k, v, sp, x, x, [6], [5], sealed=sealed)
     with pytest.raises(ValueError, match="never written"):  # a gap: block 0 cannot be sealed
+        R = K.kivi_recent(256)
         K.kv_write(k, v, sp, x, x, [R + G], [R + G], sealed=sealed)
     k2, v2, sp2, sealed2 = K.new_kv_cache(1, 128, 64, "kivi2", wraps=False)
     with pytest.raises(ValueError, match="without a ring buffer"):
