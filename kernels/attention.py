@@ -41,10 +41,10 @@ def _rope(rope: tuple[int, float] | None, head_dim: int) -> tuple[int, float]:
     if rope is None:
         return 0, 10000.0
     rot_dim, theta = rope
-    if isinstance(rot_dim, bool) or not isinstance(rot_dim, (int, np.integer)) or rot_dim <= 0 or rot_dim % 2 \
-            or rot_dim > head_dim or not theta > 0:
-        raise ValueError(f"rope must be (rot_dim, theta) with an even rot_dim in (0, {head_dim}] and theta > 0, "
-                         f"got {rope!r}")
+    integer = isinstance(rot_dim, (int, np.integer)) and not isinstance(rot_dim, bool)
+    if not integer or rot_dim <= 0 or rot_dim % 2 or rot_dim > head_dim or not theta > 0:
+        raise ValueError(f"rope must be (rot_dim, theta) with an even rot_dim in (0, {head_dim}] and "
+                         f"theta > 0, got {rope!r}")
     return int(rot_dim), float(theta)
 
 
@@ -172,12 +172,13 @@ def kv_write(k_cache: np.ndarray, v_cache: np.ndarray, slot_pos: np.ndarray, k: 
     pos = np.asarray(positions)
     if pos.shape != (n,) or not np.issubdtype(pos.dtype, np.integer) or (n and (pos.min() < 0 or pos.max() > 2**31 - 1)):
         raise ValueError(f"positions must be {n} non-negative int32 values")
-    _native.kv_write(kc, vc, fmt, n_kv, cap, hd, sp, k, v, n, ids, np.ascontiguousarray(pos, dtype=np.int32), sl,
-                     *_rope(rope, hd))
+    _native.kv_write(kc, vc, fmt, n_kv, cap, hd, sp, k, v, n, ids, np.ascontiguousarray(pos, dtype=np.int32),
+                     sl, *_rope(rope, hd))
 
 
 def kv_read(k_cache: np.ndarray, v_cache: np.ndarray, slot_pos: np.ndarray, head_dim: int,
-            sealed: np.ndarray | None = None, rope: tuple[int, float] | None = None) -> tuple[np.ndarray, np.ndarray]:
+            sealed: np.ndarray | None = None,
+            rope: tuple[int, float] | None = None) -> tuple[np.ndarray, np.ndarray]:
     """The keys and values attention reads, float32 [n_kv_heads, capacity, head_dim] each (zeros
     for empty slots)."""
     fmt, n_kv, cap, kc, vc, sp, sl = _cache(k_cache, v_cache, slot_pos, head_dim, sealed)

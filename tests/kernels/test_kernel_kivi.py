@@ -122,7 +122,8 @@ def _expected(keys: np.ndarray, values: np.ndarray, cap: int, batch: int,
     if sealed > first:
         n = sealed - first
         kq[first:sealed] = _keys_through_store(kr[first:sealed], first, rope)
-        vq[first:sealed] = _quantize_groups(vr[first:sealed].reshape(n, n_kv, hd // G, G)).reshape(n, n_kv, hd)
+        vq[first:sealed] = _quantize_groups(vr[first:sealed].reshape(n, n_kv, hd // G, G)).reshape(
+            n, n_kv, hd)
     kf, vf = np.zeros((n_kv, cap, hd), np.float32), np.zeros((n_kv, cap, hd), np.float32)
     slot_pos = np.full(cap, -1, np.int32)
     for p in range(max(0, P - cap), P):
@@ -139,7 +140,8 @@ def _fill(n_kv: int, cap: int, hd: int, P: int, batch: int, rng: np.random.Gener
     values = rng.standard_normal((P, n_kv, hd)).astype(np.float32)
     for p0 in range(0, P, batch):
         pos = np.arange(p0, min(P, p0 + batch), dtype=np.int32)
-        K.kv_write(cache[0], cache[1], cache[2], keys[pos], values[pos], pos % cap, pos, sealed=cache[3], rope=rope)
+        K.kv_write(cache[0], cache[1], cache[2], keys[pos], values[pos], pos % cap, pos, sealed=cache[3],
+                   rope=rope)
     return cache, keys, values
 
 
@@ -165,7 +167,7 @@ def test_kivi2_keys_before_rope_lose_less_than_after(rng):
     """Keys that carry RoPE: quantized unrotated (what kivi2 does when told the rotation) they come
     back closer than quantized as written."""
     n_kv, cap, hd, P, rope = 2, 512, 64, 512, (64, 10000.0)
-    base = rng.standard_normal((1, n_kv, hd)).astype(np.float32) * 3  # a per-channel offset, as real keys have
+    base = rng.standard_normal((1, n_kv, hd)).astype(np.float32) * 3  # a per-channel offset, as in real keys
     raw = base + rng.standard_normal((P, n_kv, hd)).astype(np.float32) * 0.5
     c, s = _angles(np.arange(P), rope)
     keys = raw.copy()
@@ -197,7 +199,8 @@ def test_kivi2_attention_is_f16_attention_over_its_values(isa, threads, n_kv, n_
     q = rng.standard_normal((n_q, n_heads, hd)).astype(np.float32)
     q_pos = np.arange(P - n_q, P, dtype=np.int32)
     scale = 1.0 / np.sqrt(hd)
-    got = K.attention(q, cache[0], cache[1], cache[2], q_pos, scale=scale, window=window, sealed=cache[3], rope=rope)
+    got = K.attention(q, cache[0], cache[1], cache[2], q_pos, scale=scale, window=window, sealed=cache[3],
+                      rope=rope)
     want = K.attention(q, k16, v16, cache[2].copy(), q_pos, scale=scale, window=window)
     np.testing.assert_array_equal(got, want)
 
@@ -214,7 +217,8 @@ def test_kivi2_memory_is_under_0_3x_f16_at_long_contexts():
         no_wrap = K.kv_cache_bytes("kivi2", 2, cap, hd, wraps=False) / f16
         assert no_wrap == pytest.approx((3 + 3) / 32 * (cap - G) / cap + ring + G / cap * q8)
     assert K.kv_cache_bytes("kivi2", 2, 2048, 64, wraps=False) < 0.3 * K.kv_cache_bytes("f16", 2, 2048, 64)
-    assert K.kv_cache_bytes("kivi2", 1, 576, 256) < 0.32 * K.kv_cache_bytes("f16", 1, 576, 256)  # a sliding layer
+    sliding = K.kv_cache_bytes("kivi2", 1, 576, 256)  # a sliding-window layer's ring buffer
+    assert sliding < 0.32 * K.kv_cache_bytes("f16", 1, 576, 256)
 
 
 def test_kivi2_recent_window_is_an_eighth_of_the_capacity_within_bounds():
