@@ -100,11 +100,33 @@ void quantize_key_channel(float* x, int64_t stride, uint16_t* step_out, uint16_t
   *step_out = dh, *mean_out = mh;
 }
 
-// The inverse: G values x[t * stride] of one key channel from its step, mean and codes.
-void dequantize_key_channel(float d, float m, const uint8_t* codes, float* x, int64_t stride) {
-  for (int64_t t = 0; t < G; ++t) x[t * stride] = (static_cast<float>(code_at(codes, t)) - 1.5f) * d;
-  hadamard(x, stride);
-  for (int64_t t = 0; t < G; ++t) x[t * stride] += m;
+// The inverse of quantize_key_channel for all hd channels of a key block at once, into out [G, hd]
+// (codes to levels, the transform, the mean back), in loops over contiguous channels that the
+// compiler vectorizes.
+void dequantize_key_block(const uint8_t* kb, int64_t hd, float* out) {
+  const uint8_t* codes = kb + 4 * hd;
+  for (int64_t e = 0; e < hd; ++e) {
+    const float d = fp16_to_f32(load16(kb + 2 * e));
+    for (int64_t t = 0; t < G; ++t)
+      out[t * hd + e] = (static_cast<float>(code_at(codes + e * (G / 4), t)) - 1.5f) * d;
+  }
+  for (int64_t len = 1; len < G; len *= 2)
+    for (int64_t i = 0; i < G; i += 2 * len)
+      for (int64_t j = i; j < i + len; ++j) {
+        float* a = out + j * hd;
+        float* b = out + (j + len) * hd;
+        for (int64_t e = 0; e < hd; ++e) {
+          const float x = a[e], y = b[e];
+          a[e] = x + y, b[e] = x - y;
+        }
+      }
+  float m[kMaxHeadDim];
+  for (int64_t e = 0; e < hd; ++e) m[e] = fp16_to_f32(load16(kb + 2 * hd + 2 * e));
+  for (int64_t t = 0; t < G; ++t) {
+    float* row = out + t * hd;
+    for (int64_t e = 0; e < hd; ++e) row[e] *= kInvSqrtG;
+    for (int64_t e = 0; e < hd; ++e) row[e] += m[e];
+  }
 }
 
 // Keys are quantized before RoPE (KVQuant's finding): unrotated, a key channel keeps its range
@@ -118,7 +140,17 @@ struct RopeTable {
   std::vector<float> factors;
   std::vector<double> inv_freq;     // [half], as rope() computes it
   std::vector<float> cos_t, sin_t;  // [G][half]
+  std::vector<float> cos_b, sin_b;  // [blocks][half]: block starts 0, G, 2G, ..., filled as reads need them
   int64_t half() const { return rot_dim / 2; }
+  void block_start(int64_t s, const float** c, const float** sn) {  // cos and sin of s (a multiple of G)
+    const size_t b = static_cast<size_t>(s / G), h = static_cast<size_t>(half());
+    if (cos_b.size() < (b + 1) * h) {
+      const size_t from = cos_b.size() / h, to = std::max(b + 1, 2 * from);
+      cos_b.resize(to * h), sin_b.resize(to * h);
+      for (size_t i = from; i < to; ++i) at(static_cast<int64_t>(i) * G, cos_b.data() + i * h, sin_b.data() + i * h);
+    }
+    *c = cos_b.data() + b * h, *sn = sin_b.data() + b * h;
+  }
   void at(int64_t pos, float* c, float* s) const {  // cos and sin of pos * inv_freq, [half] each
     for (int64_t i = 0; i < half(); ++i) {
       const double a = static_cast<double>(pos) * inv_freq[i];
@@ -127,13 +159,18 @@ struct RopeTable {
   }
 };
 
-const RopeTable& rope_table(const RopeParams& p) {
-  thread_local RopeTable t;
+// A table per set of RoPE parameters (a model's layers may use two: Gemma 3's sliding and global).
+RopeTable& rope_table(const RopeParams& p) {
+  thread_local std::vector<RopeTable> tables;
   const int64_t half = p.rot_dim / 2;
-  const bool same = t.rot_dim == p.rot_dim && t.theta == p.theta_base && t.scale == p.linear_scale &&
-                    t.factors.size() == static_cast<size_t>(p.freq_factors ? half : 0) &&
-                    (!p.freq_factors || std::equal(t.factors.begin(), t.factors.end(), p.freq_factors));
-  if (same) return t;
+  for (RopeTable& t : tables) {
+    const bool same = t.rot_dim == p.rot_dim && t.theta == p.theta_base && t.scale == p.linear_scale &&
+                      t.factors.size() == static_cast<size_t>(p.freq_factors ? half : 0) &&
+                      (!p.freq_factors || std::equal(t.factors.begin(), t.factors.end(), p.freq_factors));
+    if (same) return t;
+  }
+  if (tables.size() >= 4) tables.erase(tables.begin());
+  RopeTable& t = tables.emplace_back();
   t.rot_dim = p.rot_dim, t.theta = p.theta_base, t.scale = p.linear_scale;
   t.factors.assign(p.freq_factors, p.freq_factors ? p.freq_factors + half : p.freq_factors);
   t.inv_freq.resize(static_cast<size_t>(half));
@@ -345,9 +382,10 @@ void rows_f16(const KvCache& c, int64_t g, int64_t j0, int64_t count, uint16_t* 
   const int64_t hd = l.hd;
   thread_local std::vector<float> kblock;  // one key block, dequantized and still unrotated: [G, hd]
   kblock.resize(static_cast<size_t>(G * hd));
-  float cb[kMaxHeadDim / 2], sb[kMaxHeadDim / 2], kf[kMaxHeadDim];  // its first position's angles; a key
+  float kf[kMaxHeadDim];  // a key
   const int64_t half = c.rope.rot_dim / 2;
-  const RopeTable* rt = half ? &rope_table(c.rope) : nullptr;
+  RopeTable* rt = half ? &rope_table(c.rope) : nullptr;
+  const float *cb = nullptr, *sb = nullptr;  // the block's first position's angles
   int64_t block_read = -1;
   for (int64_t j = j0; j < j0 + count; ++j) {
     uint16_t* ko = k + (j - j0) * hd;
@@ -366,10 +404,8 @@ void rows_f16(const KvCache& c, int64_t g, int64_t j0, int64_t count, uint16_t* 
       const int64_t block = j / G, t = j % G;
       if (block != block_read) {
         const uint8_t* kb = hv.key_block(j);
-        for (int64_t e = 0; e < hd; ++e)
-          dequantize_key_channel(fp16_to_f32(load16(kb + 2 * e)), fp16_to_f32(load16(kb + 2 * hd + 2 * e)),
-                                 kb + 4 * hd + e * (G / 4), kblock.data() + e, hd);
-        if (rt) rt->at(p - t, cb, sb);  // slot j holds position p, and p % G == j % G == t
+        dequantize_key_block(kb, hd, kblock.data());
+        if (rt) rt->block_start(p - t, &cb, &sb);  // slot j holds position p, and p % G == j % G == t
         block_read = block;
       }
       std::copy(kblock.data() + t * hd, kblock.data() + (t + 1) * hd, kf);
