@@ -6,7 +6,7 @@ corrupt memory. See docs/kernels.md and docs/weight-formats.md.
 """
 
 from ._native import __version__
-from .attention import KIVI, attention, kv_read, kv_write, new_kv_cache
+from .attention import KIVI, attention, kivi_recent, kv_read, kv_write, new_kv_cache
 from .elementwise import argmax, gated_act, rms_norm, rope, softmax, topk
 from .ffn import ffn_sparse, pack_bundles
 from .formats import (

@@ -7,13 +7,16 @@ each slot, -1 when empty. Slots need not be in position order, so a sliding-wind
 keep a ring buffer of `window` slots.
 
 Format kivi2 (KIVI's 2-bit cache) keeps K and V as uint8 [n_kv_heads, bytes per head] (K larger
-than V) and one more array, `sealed` (int64 [1]). Keys are quantized per channel, an f16 scale
-and minimum per KIVI["key_group"] consecutive positions; values per position, an f16 scale and
-minimum per KIVI["group"] channels; 2-bit codes (4 levels). Positions stay in f16 until a write
-starts KIVI["recent"] positions past their block of KIVI["group"]; the first block stays in f16
-(the attention sink). Position p must go to slot p % capacity (capacity a multiple of
-KIVI["group"]); `sealed` is the first position not yet moved out of the f16 ring. The byte
-layout is in kernels/include/edgeflash/kernels.h.
+than V) and one more array, `sealed` (int64 [1]). Keys are quantized per channel over blocks of
+KIVI["key_group"] positions: before RoPE (`rope`: the rotation the written keys carry), an f16
+mean, and the orthonormal Walsh-Hadamard transform of the rest over the block's positions on
+4 symmetric levels of an f16 step (its RMS); values per position, an f16 scale and minimum per
+KIVI["group"] channels; 2-bit codes (4 levels). Positions stay in a ring of q8_0 rows until a
+write starts kivi_recent(capacity) positions past their block of KIVI["group"]; in a cache that
+does not wrap the first block stays in q8_0 (the attention sink; a wrapping cache serves a
+sliding window, which leaves it behind). Position p must go to slot p % capacity (capacity a
+multiple of KIVI["group"]); `sealed` is the first position not yet moved out of the ring. The
+byte layout is in kernels/include/edgeflash/kernels.h.
 """
 
 from __future__ import annotations
@@ -24,7 +27,25 @@ from . import _native
 from ._arrays import array, index_array, out_array, writable
 from .formats import kv_cache_bytes, kv_key_bytes, kv_row_bytes
 
-KIVI: dict[str, int] = dict(_native.kivi_constants())  # group, key_group, recent, max_write
+KIVI: dict[str, int] = dict(_native.kivi_constants())  # group, key_group, recent_min, recent_max, max_write
+
+
+def kivi_recent(capacity: int) -> int:
+    """Positions before a decoded token that a kivi2 cache of `capacity` slots keeps in q8_0 (at
+    least): an eighth of the capacity in whole blocks, from KIVI["recent_min"] to KIVI["recent_max"]."""
+    return int(_native.kv_recent(int(capacity)))
+
+
+def _rope(rope: tuple[int, float] | None, head_dim: int) -> tuple[int, float]:
+    """(rot_dim, theta) of the NeoX RoPE a kivi2 cache's keys carry; (0, 1e4) for none."""
+    if rope is None:
+        return 0, 10000.0
+    rot_dim, theta = rope
+    integer = isinstance(rot_dim, (int, np.integer)) and not isinstance(rot_dim, bool)
+    if not integer or rot_dim <= 0 or rot_dim % 2 or rot_dim > head_dim or not theta > 0:
+        raise ValueError(f"rope must be (rot_dim, theta) with an even rot_dim in (0, {head_dim}] and "
+                         f"theta > 0, got {rope!r}")
+    return int(rot_dim), float(theta)
 
 
 def new_kv_cache(n_kv_heads: int, capacity: int, head_dim: int, fmt: str = "f16",
@@ -92,13 +113,15 @@ def _kivi2_cache(k_cache: np.ndarray, v_cache: object, slot_pos: object, head_di
 
 def attention(q: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray, slot_pos: np.ndarray, q_pos: object, *,
               scale: float, window: int = 0, mask: np.ndarray | None = None, softcap: float = 0.0,
-              out: np.ndarray | None = None, sealed: np.ndarray | None = None) -> np.ndarray:
+              out: np.ndarray | None = None, sealed: np.ndarray | None = None,
+              rope: tuple[int, float] | None = None) -> np.ndarray:
     """Attention of q [n_q, n_heads, head_dim] float32 over the cache -> [n_q, n_heads, head_dim].
 
     Slot j is visible to query i iff slot_pos[j] >= 0, slot_pos[j] <= q_pos[i], (window == 0 or
     q_pos[i] - slot_pos[j] < window) and (mask is None or mask[i, j]); mask is bool
     [n_q, capacity] (a token tree's ancestor mask). GQA: head h reads KV head h // (n_heads /
-    n_kv_heads). A query that sees no slot gets zeros.
+    n_kv_heads). A query that sees no slot gets zeros. A kivi2 cache takes the `rope` its keys
+    were written with (kv_write).
     """
     q = array("q", q, np.float32, 3)
     n_q, n_heads, hd = q.shape
@@ -124,15 +147,17 @@ def attention(q: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray, slot_pos:
             raise ValueError(f"mask must have shape ({n_q}, {cap}), got {m.shape}")
     out = out_array("out", out, (n_q, n_heads, hd), inputs=(("q", q),))
     _native.attention(k, v, fmt, n_kv, cap, hd, sp, q, n_q, n_heads, qp, int(window), m, float(scale),
-                      float(softcap), out, sl)
+                      float(softcap), out, sl, *_rope(rope, hd))
     return out
 
 
 def kv_write(k_cache: np.ndarray, v_cache: np.ndarray, slot_pos: np.ndarray, k: np.ndarray, v: np.ndarray,
-             slots: object, positions: object, sealed: np.ndarray | None = None) -> None:
+             slots: object, positions: object, sealed: np.ndarray | None = None,
+             rope: tuple[int, float] | None = None) -> None:
     """Stores k, v [n, n_kv_heads, head_dim] float32 into `slots` (converting to the cache format)
     and records slot_pos[slots[i]] = positions[i]. A kivi2 cache (`sealed` given) also moves
-    blocks old enough into its 2-bit store."""
+    blocks old enough into its 2-bit store, unrotating keys that carry `rope` = (rot_dim, theta)
+    (NeoX RoPE at their positions) first; attention and kv_read must be given the same `rope`."""
     k = array("k", k, np.float32, 3)
     v = array("v", v, np.float32, 3)
     if v.shape != k.shape:
@@ -147,15 +172,17 @@ def kv_write(k_cache: np.ndarray, v_cache: np.ndarray, slot_pos: np.ndarray, k: 
     pos = np.asarray(positions)
     if pos.shape != (n,) or not np.issubdtype(pos.dtype, np.integer) or (n and (pos.min() < 0 or pos.max() > 2**31 - 1)):
         raise ValueError(f"positions must be {n} non-negative int32 values")
-    _native.kv_write(kc, vc, fmt, n_kv, cap, hd, sp, k, v, n, ids, np.ascontiguousarray(pos, dtype=np.int32), sl)
+    _native.kv_write(kc, vc, fmt, n_kv, cap, hd, sp, k, v, n, ids, np.ascontiguousarray(pos, dtype=np.int32),
+                     sl, *_rope(rope, hd))
 
 
 def kv_read(k_cache: np.ndarray, v_cache: np.ndarray, slot_pos: np.ndarray, head_dim: int,
-            sealed: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+            sealed: np.ndarray | None = None,
+            rope: tuple[int, float] | None = None) -> tuple[np.ndarray, np.ndarray]:
     """The keys and values attention reads, float32 [n_kv_heads, capacity, head_dim] each (zeros
     for empty slots)."""
     fmt, n_kv, cap, kc, vc, sp, sl = _cache(k_cache, v_cache, slot_pos, head_dim, sealed)
     k = np.empty((n_kv, cap, head_dim), dtype=np.float32)
     v = np.empty_like(k)
-    _native.kv_read(kc, vc, fmt, n_kv, cap, head_dim, sp, sl, k, v)
+    _native.kv_read(kc, vc, fmt, n_kv, cap, head_dim, sp, sl, k, v, *_rope(rope, head_dim))
     return k, v

@@ -28,7 +28,7 @@ def load(model: str | Path = "default", *, memory_budget: str | int | None = Non
     strategy: how a budgeted run streams ("flash", "hybrid" or "naive"; see edgeflash.memory.planner).
     activations: "q8x2" (default, agrees with the reference), "q8" (fastest) or "f32".
     kv_cache: "f16" (default), "q8_0", which halves the KV cache's memory at a small quality cost, or
-    "kivi2" (2-bit keys and values, the newest tokens in f16), about a quarter of f16's at 2048+ tokens
+    "kivi2" (2-bit keys and values, the newest tokens in q8_0), about a quarter of f16's at 2048+ tokens
     (docs/memory-budget.md; not with speculative decoding).
     sparsity, window, head_shortlist: approximate mode of a budgeted bundle (edgeflash.runtime.approximate):
     the FFN reads only predicted-active neurons through a cache of the last `window` tokens' neurons,

@@ -27,13 +27,15 @@ ef::WeightMatrix weights(const In& w, const std::string& fmt, int64_t rows, int6
 }
 
 ef::KvCache cache(const Out& k, const Out& v, const std::string& fmt, int64_t n_kv, int64_t cap, int64_t hd,
-                  const Out& slot_pos, const std::optional<Out>& sealed) {
+                  const Out& slot_pos, const std::optional<Out>& sealed, int64_t rope_dim = 0,
+                  float rope_theta = 10000.0f) {
   if (!sealed && nbytes(k) != nbytes(v)) throw ef::KernelError("k_cache and v_cache differ in size");
   // A kivi2 cache sized without a ring buffer says so by its size.
   const bool wraps = !sealed || nbytes(k) != ef::kv_key_bytes(ef::Format::kivi2, n_kv, cap, hd, false);
   return ef::KvCache{const_cast<uint8_t*>(bytes(k, "k_cache")), const_cast<uint8_t*>(bytes(v, "v_cache")), nbytes(k),
                      fmt_of(fmt), n_kv, cap, hd, ptr<int32_t>(slot_pos, static_cast<size_t>(cap), "slot_pos"),
-                     sealed ? ptr<int64_t>(*sealed, 1, "sealed") : nullptr, nbytes(v), wraps};
+                     sealed ? ptr<int64_t>(*sealed, 1, "sealed") : nullptr, nbytes(v), wraps,
+                     ef::RopeParams{rope_dim, rope_theta}};
 }
 
 }  // namespace
@@ -92,9 +94,11 @@ void ef::bind_kernels(nb::module_& m) {
     return ef::kv_key_bytes(fmt_of(fmt), n_kv, cap, hd, wraps);
   });
   m.def("kv_recent_slots", &ef::kv_recent_slots);
+  m.def("kv_recent", &ef::kv_recent);
   m.def("kivi_constants", [] {
     nb::dict d;
-    d["group"] = ef::kKiviGroup, d["key_group"] = ef::kKiviKeyGroup, d["recent"] = ef::kKiviRecent;
+    d["group"] = ef::kKiviGroup, d["key_group"] = ef::kKiviKeyGroup;
+    d["recent_min"] = ef::kKiviRecentMin, d["recent_max"] = ef::kKiviRecentMax;
     d["max_write"] = ef::kKiviMaxWrite;
     return d;
   });
@@ -201,8 +205,9 @@ void ef::bind_kernels(nb::module_& m) {
   // ---- attention
   m.def("attention", [](Out k, Out v, const std::string& fmt, int64_t n_kv, int64_t cap, int64_t hd, Out slot_pos,
                         In q, int64_t n_q, int64_t n_heads, In q_pos, int64_t window, std::optional<In> mask,
-                        float scale, float softcap, Out out, std::optional<Out> sealed) {
-    const ef::KvCache c = cache(k, v, fmt, n_kv, cap, hd, slot_pos, sealed);
+                        float scale, float softcap, Out out, std::optional<Out> sealed, int64_t rope_dim,
+                        float rope_theta) {
+    const ef::KvCache c = cache(k, v, fmt, n_kv, cap, hd, slot_pos, sealed, rope_dim, rope_theta);
     ef::AttentionArgs a;
     a.q = ptr<float>(q, static_cast<size_t>(n_q * n_heads * hd), "q");
     a.n_q = n_q, a.n_heads = n_heads;
@@ -215,8 +220,9 @@ void ef::bind_kernels(nb::module_& m) {
     ef::attention(c, a);
   });
   m.def("kv_write", [](Out kc, Out vc, const std::string& fmt, int64_t n_kv, int64_t cap, int64_t hd, Out slot_pos,
-                       In k, In v, int64_t n, In slots, In positions, std::optional<Out> sealed) {
-    const ef::KvCache c = cache(kc, vc, fmt, n_kv, cap, hd, slot_pos, sealed);
+                       In k, In v, int64_t n, In slots, In positions, std::optional<Out> sealed, int64_t rope_dim,
+                       float rope_theta) {
+    const ef::KvCache c = cache(kc, vc, fmt, n_kv, cap, hd, slot_pos, sealed, rope_dim, rope_theta);
     const float* kp = ptr<float>(k, static_cast<size_t>(n * n_kv * hd), "k");
     const float* vp = ptr<float>(v, static_cast<size_t>(n * n_kv * hd), "v");
     const int32_t* sp = ptr<int32_t>(slots, static_cast<size_t>(n), "slots");
@@ -225,8 +231,8 @@ void ef::bind_kernels(nb::module_& m) {
     ef::kv_write(c, kp, vp, n, sp, pp);
   });
   m.def("kv_read", [](Out kc, Out vc, const std::string& fmt, int64_t n_kv, int64_t cap, int64_t hd, Out slot_pos,
-                      std::optional<Out> sealed, Out k, Out v) {
-    const ef::KvCache c = cache(kc, vc, fmt, n_kv, cap, hd, slot_pos, sealed);
+                      std::optional<Out> sealed, Out k, Out v, int64_t rope_dim, float rope_theta) {
+    const ef::KvCache c = cache(kc, vc, fmt, n_kv, cap, hd, slot_pos, sealed, rope_dim, rope_theta);
     float* kp = ptr<float>(k, static_cast<size_t>(n_kv * cap * hd), "k");
     float* vp = ptr<float>(v, static_cast<size_t>(n_kv * cap * hd), "v");
     nb::gil_scoped_release release;

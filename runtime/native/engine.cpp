@@ -307,6 +307,7 @@ void Engine::run_block(int64_t layer, const LayerWeights& w, int64_t n, const in
   cache.fmt = options_.kv_format;
   cache.n_kv_heads = s.n_kv_heads;
   cache.head_dim = s.head_dim;
+  cache.rope = rp;  // kivi2 keeps its 2-bit keys unrotated
   kv_write(cache, k_.data(), v_.data(), n, slots, positions);
   AttentionArgs a;
   a.q = q_.data();

@@ -54,6 +54,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--activations", choices=["q8x2", "q8", "f32"], default=None,
                    help="engine: one activation mode (default: both q8x2 and q8)")
     p.add_argument("--rounds", type=non_negative_int, default=3, help="peers: interleaved rounds (default: %(default)s)")
+    p.add_argument("--kv-cache", action="append", default=None, choices=["f16", "q8_0", "kivi2"],
+                   help="engine: KV cache format(s), side by side (default: f16)")
     p.add_argument("--json", action="store_true", help="engine: print results as JSON")
     p.add_argument("--pass", dest="passthrough", default="", metavar="ARGS",
                    help='options handed to the subject\'s own script, e.g. --pass "--models gemma3-270m"')
@@ -77,33 +79,37 @@ def engine_bench(args: argparse.Namespace) -> int:
     models = args.model or ["smollm2-135m", "gemma3-270m"]
     modes = [args.activations] if args.activations else ["q8x2", "q8"]
     text = heldout_windows(1, chars_per_window=8 * args.prompt_tokens, offset_chars=50_000)[0]
+    kv_formats = args.kv_cache or ["f16"]
     rows = []
-    for alias in models:
-        for mode in modes:
-            m = ef.load(alias, threads=args.threads, activations=mode, context_length=2048)
-            ids = m.encode(text)[:args.prompt_tokens]
-            m.generate("Hello", max_tokens=2)  # warm-up
-            runs = []
-            for _ in range(args.repeat):
-                m.engine.reset()
-                runs.append(m.generate(ids, max_tokens=args.max_tokens).stats)
-            rows.append({"model": alias, "activations": mode, "prompt_tokens": len(ids),
-                         "prefill_tok_s": statistics.median(r["prefill_tok_s"] for r in runs),
-                         "decode_tok_s": statistics.median(r["decode_tok_s"] for r in runs),
-                         "best_decode_tok_s": max(r["decode_tok_s"] for r in runs),
-                         "ttft_s": statistics.median(r["ttft_s"] for r in runs),
-                         "peak_rss_mib": round(max(r["peak_rss_bytes"] for r in runs) / 2**20, 1),
-                         "loadavg": round(os.getloadavg()[0], 2)})
-            del m
+    for alias, mode, kv in ((a, md, kv) for a in models for md in modes for kv in kv_formats):
+        m = ef.load(alias, threads=args.threads, activations=mode, context_length=2048, kv_cache=kv)
+        ids = m.encode(text)[:args.prompt_tokens]
+        m.generate("Hello", max_tokens=2)  # warm-up
+        runs = []
+        for _ in range(args.repeat):
+            m.engine.reset()
+            runs.append(m.generate(ids, max_tokens=args.max_tokens).stats)
+        rows.append({"model": alias, "activations": mode, "kv_cache": kv, "prompt_tokens": len(ids),
+                     "prefill_tok_s": statistics.median(r["prefill_tok_s"] for r in runs),
+                     "decode_tok_s": statistics.median(r["decode_tok_s"] for r in runs),
+                     "best_decode_tok_s": max(r["decode_tok_s"] for r in runs),
+                     "ttft_s": statistics.median(r["ttft_s"] for r in runs),
+                     "peak_rss_mib": round(max(r["peak_rss_bytes"] for r in runs) / 2**20, 1),
+                     "loadavg": round(os.getloadavg()[0], 2)})
+        del m
     if args.json:
         print(json.dumps(rows))
         return 0
-    print(f"{'model':<14} {'act':<5} {'prompt':>6} {'prefill tok/s':>14} {'decode tok/s':>13} {'(best)':>8} "
-          f"{'TTFT s':>7} {'peak RSS MiB':>13} {'load':>5}")
+    print(f"{'model':<14} {'act':<5} {'kv':<6} {'prompt':>6} {'prefill tok/s':>14} {'decode tok/s':>13} "
+          f"{'(best)':>8} {'vs ' + kv_formats[0]:>8} {'TTFT s':>7} {'peak RSS MiB':>13} {'load':>5}")
+    first = {(r["model"], r["activations"]): r["decode_tok_s"] for r in rows
+             if r["kv_cache"] == kv_formats[0]}
     for r in rows:
-        print(f"{r['model']:<14} {r['activations']:<5} {r['prompt_tokens']:>6} {r['prefill_tok_s']:>14.1f} "
-              f"{r['decode_tok_s']:>13.1f} {r['best_decode_tok_s']:>8.1f} {r['ttft_s']:>7.3f} "
-              f"{r['peak_rss_mib']:>13.1f} {r['loadavg']:>5}")
+        ratio = r["decode_tok_s"] / first[(r["model"], r["activations"])]
+        print(f"{r['model']:<14} {r['activations']:<5} {r['kv_cache']:<6} {r['prompt_tokens']:>6} "
+              f"{r['prefill_tok_s']:>14.1f} {r['decode_tok_s']:>13.1f} {r['best_decode_tok_s']:>8.1f} "
+              f"{ratio:>7.2f}x "
+              f"{r['ttft_s']:>7.3f} {r['peak_rss_mib']:>13.1f} {r['loadavg']:>5}")
     return 0
 
 

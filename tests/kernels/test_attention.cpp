@@ -65,6 +65,8 @@ void test_attention_kivi2() {
     int64_t sealed = 0;
     ef::KvCache cache{K.data(), V.data(), K.size(), ef::Format::kivi2, c.n_kv, c.cap, c.hd, slot_pos.data(), &sealed,
                       V.size(), wraps};
+    cache.rope.rot_dim = c.hd == 256 ? 128 : c.hd;  // keys stored unrotated; partial RoPE on the first case
+    cache.rope.theta_base = 10000.0f;
     const int64_t n_pos = wraps ? c.cap + c.cap / 2 : c.cap - 7;
     for (int64_t p0 = 0; p0 < n_pos;) {
       const int64_t n = std::min<int64_t>(p0 < c.cap / 2 ? 64 : 1, n_pos - p0);  // prefill, then decode

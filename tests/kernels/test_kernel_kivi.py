@@ -1,5 +1,5 @@
 """The kivi2 KV cache (KIVI's 2-bit keys per channel, values per token, the newest positions and
-the first block in f16) against a numpy implementation of the same quantization: what attention
+the first block in q8_0) against a numpy implementation of the same quantization: what attention
 reads must match it bit for bit, and attention over the cache must equal f16 attention over
 those values."""
 
@@ -9,7 +9,8 @@ import edgeflash.kernels as K
 import numpy as np
 import pytest
 
-G, GK, R, W = (K.KIVI[k] for k in ("group", "key_group", "recent", "max_write"))
+G, W = K.KIVI["group"], K.KIVI["max_write"]
+STEP_MULTS = [np.float32(m) for m in (0.75, 0.875, 1.0, 1.125, 1.25, 1.5, 1.75)]
 
 
 def _quantize_groups(x: np.ndarray) -> np.ndarray:
@@ -23,22 +24,106 @@ def _quantize_groups(x: np.ndarray) -> np.ndarray:
     return (m + d * q).astype(np.float16)
 
 
-def _expected(keys: np.ndarray, values: np.ndarray, cap: int,
-              batch: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, int]:
+def _hadamard(x: np.ndarray) -> np.ndarray:
+    """The orthonormal Walsh-Hadamard transform along the last axis (G values), in float32 with
+    the kernel's butterfly order."""
+    x = x.astype(np.float32).copy()
+    length = 1
+    while length < G:
+        for i in range(0, G, 2 * length):
+            a, b = x[..., i:i + length].copy(), x[..., i + length:i + 2 * length].copy()
+            x[..., i:i + length], x[..., i + length:i + 2 * length] = a + b, a - b
+        length *= 2
+    return x * np.float32(1 / np.sqrt(G))
+
+
+def _ordered_sum(x: np.ndarray) -> np.ndarray:
+    """Sum along the last axis one value after the other (the kernel's float order)."""
+    s = np.zeros(x.shape[:-1], np.float32)
+    for t in range(x.shape[-1]):
+        s = s + x[..., t]
+    return s
+
+
+def _f16(x: np.ndarray) -> np.ndarray:
+    return x.astype(np.float16).astype(np.float32)
+
+
+def _codes(y: np.ndarray, d: np.ndarray) -> np.ndarray:
+    inv = np.where(d > 0, np.float32(1) / np.where(d > 0, d, np.float32(1)), np.float32(0)).astype(np.float32)
+    return np.clip(np.floor(y * inv) + np.float32(2), 0, 3).astype(np.float32)
+
+
+def _quantize_key_channels(x: np.ndarray) -> np.ndarray:
+    """x [..., G]: one key channel over a block's positions -> what the 2-bit store gives back:
+    an f16 mean, the Hadamard transform of the rest on the levels (code - 1.5) * step with the f16
+    step among multiples of its RMS of least squared error, transformed back."""
+    m = _f16(_ordered_sum(x) / np.float32(G))[..., None]
+    y = _hadamard(x - m)
+    rms = np.sqrt(_ordered_sum(y * y) / np.float32(G))[..., None]
+    d, best = _f16(rms), np.full(rms.shape, np.inf, np.float32)
+    for mult in STEP_MULTS:
+        td = _f16(mult * rms)
+        r = y - (_codes(y, td) - np.float32(1.5)) * td
+        err = _ordered_sum(r * r)[..., None]
+        d, best = np.where(err < best, td, d), np.minimum(err, best)
+    return _hadamard((_codes(y, d) - np.float32(1.5)) * d) + m
+
+
+def _q8(x: np.ndarray) -> np.ndarray:
+    """x [..., hd] through a q8_0 row (the ring and the sink), as float32."""
+    hd = x.shape[-1]
+    rows = x.reshape(-1, hd)
+    return K.dequantize(K.quantize(rows, "q8_0"), "q8_0", hd).reshape(x.shape).astype(np.float32)
+
+
+def _angles(positions: np.ndarray, rope: tuple[int, float]) -> tuple[np.ndarray, np.ndarray]:
+    """float32 cos and sin [len(positions), rot_dim / 2] of NeoX RoPE, computed in double."""
+    rot_dim, theta = rope
+    inv_freq = np.float64(np.float32(theta)) ** (-2.0 * np.arange(rot_dim // 2) / rot_dim)
+    a = positions.astype(np.float64)[:, None] * inv_freq[None, :]
+    return np.cos(a).astype(np.float32), np.sin(a).astype(np.float32)
+
+
+def _keys_through_store(k16: np.ndarray, first: int, rope: tuple[int, float] | None) -> np.ndarray:
+    """k16 [n, n_kv, hd] float32: the keys of positions first.. (whole blocks) -> what a read gives."""
+    n, n_kv, hd = k16.shape
+    half = rope[0] // 2 if rope else 0
+    x = k16.copy()
+    if half:  # unrotated before quantizing
+        c, s = _angles(np.arange(first, first + n), rope)
+        x0, x1 = x[..., :half].copy(), x[..., half:2 * half].copy()
+        x[..., :half] = x0 * c[:, None] + x1 * s[:, None]
+        x[..., half:2 * half] = x1 * c[:, None] - x0 * s[:, None]
+    blocks = x.reshape(n // G, G, n_kv, hd).transpose(0, 2, 3, 1)  # [blocks, n_kv, hd, G]
+    y = _quantize_key_channels(blocks).transpose(0, 3, 1, 2).reshape(n, n_kv, hd)
+    if half:  # rotated back: a block start's angles composed with the offset's
+        cb, sb = _angles(np.arange(first, first + n, G).repeat(G), rope)
+        ct, st = _angles(np.tile(np.arange(G), n // G), rope)
+        cp, sp = cb * ct - sb * st, sb * ct + cb * st
+        y0, y1 = y[..., :half].copy(), y[..., half:2 * half].copy()
+        y[..., :half] = y0 * cp[:, None] - y1 * sp[:, None]
+        y[..., half:2 * half] = y0 * sp[:, None] + y1 * cp[:, None]
+    return y.astype(np.float16)
+
+
+def _expected(keys: np.ndarray, values: np.ndarray, cap: int, batch: int,
+              rope: tuple[int, float] | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray, int]:
     """keys, values: [P, n_kv, hd] float32 written at positions 0..P-1, `batch` per call -> the
     slots' f32 keys and values [n_kv, cap, hd], slot_pos and the sealed position."""
     P, n_kv, hd = keys.shape
     # Blocks ending R or more before a run's first position are sealed when the run is written
-    # (a run: W positions of one call); block 0 goes to the f16 sink.
+    # (a run: W positions of one call); block 0 goes to the q8_0 sink unless the cache wraps.
     last_run = max(p0 + r for p0 in range(0, P, batch) for r in range(0, min(batch, P - p0), W))
-    sealed = max(0, (last_run - R) // G * G)
-    k16, v16 = keys.astype(np.float16).astype(np.float32), values.astype(np.float16).astype(np.float32)
-    kq, vq = k16.astype(np.float16), v16.astype(np.float16)
-    if sealed > G:
-        n = sealed - G
-        kb = k16[G:sealed].reshape(n // GK, GK, n_kv, hd).transpose(0, 2, 3, 1)  # [groups, n_kv, hd, GK]
-        kq[G:sealed] = _quantize_groups(kb).transpose(0, 3, 1, 2).reshape(n, n_kv, hd)
-        vq[G:sealed] = _quantize_groups(v16[G:sealed].reshape(n, n_kv, hd // G, G)).reshape(n, n_kv, hd)
+    sealed = max(0, (last_run - K.kivi_recent(cap)) // G * G)
+    first = 0 if P > cap else G  # the first position of the 2-bit store
+    kr, vr = _q8(keys), _q8(values)
+    kq, vq = kr.astype(np.float16), vr.astype(np.float16)
+    if sealed > first:
+        n = sealed - first
+        kq[first:sealed] = _keys_through_store(kr[first:sealed], first, rope)
+        vq[first:sealed] = _quantize_groups(vr[first:sealed].reshape(n, n_kv, hd // G, G)).reshape(
+            n, n_kv, hd)
     kf, vf = np.zeros((n_kv, cap, hd), np.float32), np.zeros((n_kv, cap, hd), np.float32)
     slot_pos = np.full(cap, -1, np.int32)
     for p in range(max(0, P - cap), P):
@@ -46,7 +131,8 @@ def _expected(keys: np.ndarray, values: np.ndarray, cap: int,
     return kf, vf, slot_pos, sealed
 
 
-def _fill(n_kv: int, cap: int, hd: int, P: int, batch: int, rng: np.random.Generator):
+def _fill(n_kv: int, cap: int, hd: int, P: int, batch: int, rng: np.random.Generator,
+          rope: tuple[int, float] | None = None):
     cache = K.new_kv_cache(n_kv, cap, hd, "kivi2", wraps=P > cap)
     # Keys with outlier channels (as real models have: the reason keys are quantized per channel).
     outliers = np.where(np.arange(hd) % 17 == 3, 20.0, 1.0).astype(np.float32)
@@ -54,64 +140,99 @@ def _fill(n_kv: int, cap: int, hd: int, P: int, batch: int, rng: np.random.Gener
     values = rng.standard_normal((P, n_kv, hd)).astype(np.float32)
     for p0 in range(0, P, batch):
         pos = np.arange(p0, min(P, p0 + batch), dtype=np.int32)
-        K.kv_write(cache[0], cache[1], cache[2], keys[pos], values[pos], pos % cap, pos, sealed=cache[3])
+        K.kv_write(cache[0], cache[1], cache[2], keys[pos], values[pos], pos % cap, pos, sealed=cache[3],
+                   rope=rope)
     return cache, keys, values
 
 
-@pytest.mark.parametrize("n_kv,cap,hd,P,batch", [
-    (1, 256, 256, 200, 64),   # Gemma-like head_dim, prefill chunks, no wrap
-    (3, 160, 64, 400, 7),     # GQA, a ring buffer that wraps (a sliding layer)
-    (2, 96, 128, 50, 1),      # decode one at a time, nothing old enough to seal yet
-    (2, 224, 32, 224, 16),    # exactly full
-    (1, 320, 64, 300, 1),     # decode one at a time
+@pytest.mark.parametrize("n_kv,cap,hd,P,batch,rope", [
+    (1, 256, 256, 240, 64, (128, 10000.0)),  # Gemma-like head_dim, prefill chunks, no wrap, partial RoPE
+    (3, 192, 64, 400, 7, (64, 1e6)),         # GQA, a ring buffer that wraps (a sliding layer)
+    (2, 96, 128, 50, 1, (128, 1e4)),         # decode one at a time, nothing old enough to seal yet
+    (2, 256, 32, 256, 16, None),             # exactly full, keys without RoPE
+    (1, 320, 64, 300, 1, (64, 1e5)),         # decode one at a time
 ])
-def test_kivi2_reads_match_numpy_exactly(isa, n_kv, cap, hd, P, batch, rng):
-    cache, keys, values = _fill(n_kv, cap, hd, P, batch, rng)
-    kf, vf, slot_pos, sealed = _expected(keys, values, cap, batch)
-    assert sealed > G or P < 2 * G + R  # the cases reach the 2-bit store where they can
+def test_kivi2_reads_match_numpy_exactly(isa, n_kv, cap, hd, P, batch, rope, rng):
+    cache, keys, values = _fill(n_kv, cap, hd, P, batch, rng, rope)
+    kf, vf, slot_pos, sealed = _expected(keys, values, cap, batch, rope)
+    assert sealed > G or P < 2 * G + K.kivi_recent(cap)  # the cases reach the 2-bit store where they can
     assert int(cache[3][0]) == sealed
     np.testing.assert_array_equal(cache[2], slot_pos)
-    got_k, got_v = K.kv_read(*cache[:3], hd, sealed=cache[3])
+    got_k, got_v = K.kv_read(*cache[:3], hd, sealed=cache[3], rope=rope)
     np.testing.assert_array_equal(got_k, kf)
     np.testing.assert_array_equal(got_v, vf)
 
 
+def test_kivi2_keys_before_rope_lose_less_than_after(rng):
+    """Keys that carry RoPE: quantized unrotated (what kivi2 does when told the rotation) they come
+    back closer than quantized as written."""
+    n_kv, cap, hd, P, rope = 2, 512, 64, 512, (64, 10000.0)
+    base = rng.standard_normal((1, n_kv, hd)).astype(np.float32) * 3  # a per-channel offset, as in real keys
+    raw = base + rng.standard_normal((P, n_kv, hd)).astype(np.float32) * 0.5
+    c, s = _angles(np.arange(P), rope)
+    keys = raw.copy()
+    keys[..., :32] = raw[..., :32] * c[:, None] - raw[..., 32:] * s[:, None]
+    keys[..., 32:] = raw[..., :32] * s[:, None] + raw[..., 32:] * c[:, None]
+    errors = []
+    for r in (rope, None):
+        cache = K.new_kv_cache(n_kv, cap, hd, "kivi2", wraps=False)
+        pos = np.arange(P, dtype=np.int32)
+        for p0 in range(0, P, 32):
+            K.kv_write(*cache[:3], keys[p0:p0 + 32], keys[p0:p0 + 32], pos[p0:p0 + 32], pos[p0:p0 + 32],
+                       sealed=cache[3], rope=r)
+        got, _ = K.kv_read(*cache[:3], hd, sealed=cache[3], rope=r)
+        sealed = int(cache[3][0])
+        errors.append(float(np.mean((got[:, G:sealed] - keys[G:sealed].transpose(1, 0, 2)) ** 2)))
+    assert errors[0] < 0.5 * errors[1], errors
+
+
 @pytest.mark.parametrize("n_kv,n_heads,cap,hd,P,n_q,window", [
     (1, 4, 256, 256, 230, 3, 0),
-    (2, 6, 192, 64, 400, 5, 150),  # wrapped ring with a sliding window
+    (2, 6, 224, 64, 400, 5, 150),  # wrapped ring with a sliding window
 ])
 def test_kivi2_attention_is_f16_attention_over_its_values(isa, threads, n_kv, n_heads, cap, hd, P, n_q, window,
                                                           rng):
-    cache, _, _ = _fill(n_kv, cap, hd, P, 64, rng)
-    kf, vf = K.kv_read(*cache[:3], hd, sealed=cache[3])
+    rope = (hd, 10000.0)
+    cache, _, _ = _fill(n_kv, cap, hd, P, 64, rng, rope)
+    kf, vf = K.kv_read(*cache[:3], hd, sealed=cache[3], rope=rope)
     k16, v16 = kf.astype(np.float16), vf.astype(np.float16)
     q = rng.standard_normal((n_q, n_heads, hd)).astype(np.float32)
     q_pos = np.arange(P - n_q, P, dtype=np.int32)
     scale = 1.0 / np.sqrt(hd)
-    got = K.attention(q, cache[0], cache[1], cache[2], q_pos, scale=scale, window=window, sealed=cache[3])
+    got = K.attention(q, cache[0], cache[1], cache[2], q_pos, scale=scale, window=window, sealed=cache[3],
+                      rope=rope)
     want = K.attention(q, k16, v16, cache[2].copy(), q_pos, scale=scale, window=window)
     np.testing.assert_array_equal(got, want)
 
 
 def test_kivi2_memory_is_under_0_3x_f16_at_long_contexts():
-    # Per position: keys 2 bits + an f16 scale and minimum per 16 (4 bits), values 2 bits + the
-    # same per 32 (3 bits); per KV head the sink and the ring: G + R + G + W - 1 f16 vectors; a
-    # cache that never wraps has no 2-bit store for the sink's block.
+    # Per position: keys 2 bits + an f16 mean and step per 32 (3 bits), values 2 bits + an f16
+    # scale and minimum per 32 (3 bits); per KV head the ring of R + G + W - 1 q8_0 rows (34 bytes
+    # per 32 values) and, in a cache that does not wrap, the sink's G rows instead of a 2-bit block.
+    q8 = 34 / 64  # of f16's bytes
     for cap, hd in [(2048, 64), (4096, 128), (576, 256)]:
         f16 = K.kv_cache_bytes("f16", 2, cap, hd)
-        ring = (G + min(R + G + W - 1, cap)) / cap
-        assert K.kv_cache_bytes("kivi2", 2, cap, hd) / f16 == pytest.approx((4 + 3) / 32 + ring)
-        no_ring = K.kv_cache_bytes("kivi2", 2, cap, hd, wraps=False) / f16
-        assert no_ring == pytest.approx((4 + 3) / 32 * (cap - G) / cap + ring)
+        ring = min(K.kivi_recent(cap) + G + W - 1, cap) / cap * q8
+        assert K.kv_cache_bytes("kivi2", 2, cap, hd) / f16 == pytest.approx((3 + 3) / 32 + ring)
+        no_wrap = K.kv_cache_bytes("kivi2", 2, cap, hd, wraps=False) / f16
+        assert no_wrap == pytest.approx((3 + 3) / 32 * (cap - G) / cap + ring + G / cap * q8)
     assert K.kv_cache_bytes("kivi2", 2, 2048, 64, wraps=False) < 0.3 * K.kv_cache_bytes("f16", 2, 2048, 64)
+    sliding = K.kv_cache_bytes("kivi2", 1, 576, 256)  # a sliding-window layer's ring buffer
+    assert sliding < 0.32 * K.kv_cache_bytes("f16", 1, 576, 256)
+
+
+def test_kivi2_recent_window_is_an_eighth_of_the_capacity_within_bounds():
+    lo, hi = K.KIVI["recent_min"], K.KIVI["recent_max"]
+    assert [K.kivi_recent(c) for c in (256, 576, 1024, 2048, 4096, 32768)] == [lo, lo, 128, hi, hi, hi]
 
 
 def test_kivi2_rejects_what_it_cannot_hold():
-    k, v, sp, sealed = K.new_kv_cache(1, 128, 64, "kivi2")
+    k, v, sp, sealed = K.new_kv_cache(1, 256, 64, "kivi2")
     x = np.zeros((1, 1, 64), np.float32)
     with pytest.raises(ValueError, match="in slot 5, got slot 6"):
         K.kv_write(k, v, sp, x, x, [6], [5], sealed=sealed)
     with pytest.raises(ValueError, match="never written"):  # a gap: block 0 cannot be sealed
+        R = K.kivi_recent(256)
         K.kv_write(k, v, sp, x, x, [R + G], [R + G], sealed=sealed)
     k2, v2, sp2, sealed2 = K.new_kv_cache(1, 128, 64, "kivi2", wraps=False)
     with pytest.raises(ValueError, match="without a ring buffer"):

@@ -8,6 +8,7 @@ import edgeflash as ef
 import numpy as np
 import pytest
 from edgeflash.base.errors import UserError
+from edgeflash.kernels import KIVI, kivi_recent
 from edgeflash.export.corpus import heldout_text
 from edgeflash.runtime.native_config import default_context, kv_cache_bytes
 
@@ -51,16 +52,20 @@ def test_quality_stays_close_to_f16(model):
 
 def test_truncation_keeps_whole_blocks(model):
     engine = model.engine
-    ids = engine.source.tokenizer.encode(heldout_text()[80_000:90_000])[:300]
+    ids = engine.source.tokenizer.encode(heldout_text()[80_000:90_000])[:600]
+    assert len(ids) == 600
     engine.reset()
     engine.forward(ids)
-    # Runs of 32 starting at 288 sealed the blocks ending 64+ positions earlier: [0, 224).
-    engine.truncate(250)
-    assert len(engine.tokens) == 250  # the cut is past the 2-bit blocks: kept as asked
-    engine.truncate(200)
-    assert len(engine.tokens) == 192  # inside block [192, 224): back to its start
-    engine.forward(ids[192:260])
-    assert len(engine.tokens) == 260
+    # Runs of 32, the last starting at 576, sealed the blocks ending R+ positions before it.
+    G, R = KIVI["group"], kivi_recent(2048)
+    sealed = ((576 - 1 - (G - 1) - R) // G + 1) * G
+    assert 2 * G < sealed < 590
+    engine.truncate(sealed + 10)
+    assert len(engine.tokens) == sealed + 10  # the cut is past the 2-bit blocks: kept as asked
+    engine.truncate(sealed - G + 8)
+    assert len(engine.tokens) == sealed - G  # inside the last sealed block: back to its start
+    engine.forward(ids[sealed - G:])
+    assert len(engine.tokens) == 600
 
 
 def test_token_trees_are_refused(model):

@@ -142,18 +142,27 @@ void ffn_sparse(const NeuronArena& arena, const float* x, int64_t n_tok, const i
 
 // ---------------------------------------------------------------- attention over a KV cache
 
+struct RopeParams {  // RoPE as rope() applies it (below)
+  int64_t rot_dim = 0;                 // even, <= head_dim; the rest of each head is left alone
+  float theta_base = 10000.0f;
+  const float* freq_factors = nullptr; // optional [rot_dim / 2]: frequency i is divided by it
+  float linear_scale = 1.0f;           // positions are divided by it
+};
+
 // K and V take kv_key_bytes and kv_value_bytes (together kv_cache_bytes) for these arguments.
 // slot_pos[capacity] holds the position stored in each slot (-1 = empty): a ring buffer works.
 //   f16, q8_0: K and V are each [n_kv_heads, capacity, kv_row_bytes(fmt, head_dim)], a vector per slot.
-//   kivi2 (KIVI, 2-bit codes): per KV head, a 2-bit store of `capacity` slots, then f16 vectors: the
-//     sink (positions 0..kKiviGroup-1) and a ring of kv_recent_slots(capacity). Keys are quantized
-//     per channel, a scale and minimum per kKiviKeyGroup positions (blocks of kKiviGroup
-//     positions: f16 scales [hd][2], f16 minimums [hd][2], then 8 bytes of codes per channel);
-//     values per position in groups of kKiviGroup channels (format kivi2 rows: f16 scale, f16
-//     minimum, 8 bytes of codes). A position enters the ring; its block moves to the store (is
-//     sealed) once a write starts kKiviRecent positions past the block's last; block 0 moves to
-//     the sink instead. Position p lives in slot p % capacity (capacity a multiple of kKiviGroup);
-//     `sealed` holds the first position not yet moved.
+//   kivi2 (KIVI, 2-bit codes): per KV head, a 2-bit store of `capacity` slots, then q8_0 rows: the
+//     sink (positions 0..kKiviGroup-1; none in a cache that wraps) and a ring of kv_recent_slots(capacity). Keys are quantized
+//     per channel over blocks of kKiviGroup positions, unrotated (KvCache::rope): an f16 mean and
+//     the orthonormal Walsh-Hadamard transform of the rest on 4 symmetric levels of an f16 step
+//     (blocks: f16 steps [hd], f16 means [hd], then 8 bytes of codes per channel); values per
+//     position in groups of kKiviGroup channels (format kivi2 rows: f16 scale, f16 minimum, 8
+//     bytes of codes). A position enters the ring; its block moves to the store (is sealed) once a
+//     write starts kv_recent(capacity) positions past the block's last; block 0 of a cache that
+//     does not wrap moves to the sink instead.
+//     Position p lives in slot p % capacity (capacity a multiple of kKiviGroup); `sealed` holds
+//     the first position not yet moved.
 struct KvCache {
   uint8_t* k = nullptr;
   uint8_t* v = nullptr;
@@ -164,10 +173,12 @@ struct KvCache {
   int64_t* sealed = nullptr;  // kivi2 only
   size_t v_size_bytes = 0;    // 0: size_bytes
   bool wraps = true;          // kivi2: positions may pass the capacity (a ring); if not, block 0 has no store
+  RopeParams rope{};          // kivi2: the RoPE the written keys carry (rot_dim 0: none); the store keeps them unrotated
 };
 constexpr int64_t kKiviGroup = 32;     // positions per block, channels per value group
-constexpr int64_t kKiviKeyGroup = 16;  // positions per key scale
-constexpr int64_t kKiviRecent = 64;    // positions before a decoded token it sees in f16 (at least)
+constexpr int64_t kKiviKeyGroup = 32;  // positions per key step and mean (one Hadamard transform)
+constexpr int64_t kKiviRecentMin = 64;   // kv_recent's bounds
+constexpr int64_t kKiviRecentMax = 256;
 constexpr int64_t kKiviMaxWrite = 32;  // positions written as one run (the ring has room for them)
 size_t kv_row_bytes(Format fmt, int64_t head_dim);  // f16 and q8_0
 // Slots a cache of `fmt` keeps for `slots` wanted (kivi2 rounds up to whole blocks).
@@ -176,7 +187,10 @@ int64_t kv_capacity(Format fmt, int64_t slots);
 size_t kv_key_bytes(Format fmt, int64_t n_kv_heads, int64_t capacity, int64_t head_dim, bool wraps = true);
 size_t kv_value_bytes(Format fmt, int64_t n_kv_heads, int64_t capacity, int64_t head_dim, bool wraps = true);
 size_t kv_cache_bytes(Format fmt, int64_t n_kv_heads, int64_t capacity, int64_t head_dim, bool wraps = true);
-int64_t kv_recent_slots(int64_t capacity);  // kivi2: f16 ring vectors per KV head
+// kivi2: positions before a decoded token it sees in q8_0 (at least): an eighth of the capacity,
+// from kKiviRecentMin to kKiviRecentMax; and the ring's q8_0 rows per KV head.
+int64_t kv_recent(int64_t capacity);
+int64_t kv_recent_slots(int64_t capacity);
 // The keys and values attention reads, as f32 [n_kv_heads, capacity, head_dim] (zeros for empty slots).
 void kv_read(const KvCache& cache, float* k, float* v);
 
@@ -205,12 +219,6 @@ void kv_write(const KvCache& cache, const float* k, const float* v, int64_t n, c
 // y = x / sqrt(mean(x^2) + eps) * w   x, y: [n, d]; y may alias x.
 void rms_norm(const float* x, const float* w, float* y, int64_t n, int64_t d, float eps);
 
-struct RopeParams {
-  int64_t rot_dim = 0;                 // even, <= head_dim; the rest of each head is left alone
-  float theta_base = 10000.0f;
-  const float* freq_factors = nullptr; // optional [rot_dim / 2]: frequency i is divided by it
-  float linear_scale = 1.0f;           // positions are divided by it
-};
 // Rotate-half (NeoX) RoPE in place.  x: [n, n_heads, head_dim], positions: [n]
 void rope(float* x, int64_t n, int64_t n_heads, int64_t head_dim, const int32_t* positions, const RopeParams& p);
 
