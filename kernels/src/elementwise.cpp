@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "kernel_table.h"
+#include "rope_freq.h"
 #include "scratch.h"
 
 namespace ef {
@@ -55,26 +56,8 @@ void rope(float* x, int64_t n, int64_t n_heads, int64_t head_dim, const int32_t*
       if (!(p.freq_factors[i] > 0.0f)) throw KernelError("rope: freq_factors must be positive, got " + std::to_string(p.freq_factors[i]) + " at " + std::to_string(i));
   // Inverse frequencies depend only on the parameters: keep the last set (q and k of every layer
   // share them), then cos / sin per (token, frequency) in double, shared by all heads.
-  struct FreqCache {
-    int64_t rot_dim = 0;
-    float theta = 0.0f, scale = 0.0f;
-    std::vector<float> factors;
-    std::vector<double> inv_freq;
-  };
-  thread_local FreqCache fc;
-  const bool same = fc.rot_dim == p.rot_dim && fc.theta == p.theta_base && fc.scale == p.linear_scale &&
-                    fc.factors.size() == static_cast<size_t>(p.freq_factors ? half : 0) &&
-                    (!p.freq_factors || std::equal(fc.factors.begin(), fc.factors.end(), p.freq_factors));
-  if (!same) {
-    fc.rot_dim = p.rot_dim, fc.theta = p.theta_base, fc.scale = p.linear_scale;
-    fc.factors.assign(p.freq_factors, p.freq_factors ? p.freq_factors + half : p.freq_factors);
-    fc.inv_freq.resize(static_cast<size_t>(half));
-    for (int64_t i = 0; i < half; ++i) {
-      double f = std::pow(static_cast<double>(p.theta_base), -2.0 * static_cast<double>(i) / static_cast<double>(p.rot_dim));
-      if (p.freq_factors) f /= p.freq_factors[i];
-      fc.inv_freq[i] = f / p.linear_scale;
-    }
-  }
+  thread_local RopeFrequencies fc;
+  if (!fc.made_from(p)) fc.make(p);
   float* cs = scratch_floats(static_cast<size_t>(n * p.rot_dim), 1);
   for (int64_t t = 0; t < n; ++t)
     for (int64_t i = 0; i < half; ++i) {

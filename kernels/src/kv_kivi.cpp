@@ -14,6 +14,8 @@
 #include <string>
 #include <vector>
 
+#include "rope_freq.h"
+
 namespace ef {
 namespace {
 
@@ -134,11 +136,7 @@ void dequantize_key_block(const uint8_t* kb, int64_t hd, float* out) {
 // turn in a few positions and widens every per-channel range. A seal unrotates the ring's f16
 // keys; a read rotates the dequantized keys back, the angle of position s + t (s a block's first
 // position) composed in float from s's cos / sin and a table of the offsets t < G.
-struct RopeTable {
-  int64_t rot_dim = -1;
-  float theta = 0.0f, scale = 0.0f;
-  std::vector<float> factors;
-  std::vector<double> inv_freq;     // [half], as rope() computes it
+struct RopeTable : RopeFrequencies {
   std::vector<float> cos_t, sin_t;  // [G][half]
   std::vector<float> cos_b, sin_b;  // [blocks][half]: block starts 0, G, 2G, ..., filled as reads need them
   int64_t half() const { return rot_dim / 2; }
@@ -163,22 +161,11 @@ struct RopeTable {
 RopeTable& rope_table(const RopeParams& p) {
   thread_local std::vector<RopeTable> tables;
   const int64_t half = p.rot_dim / 2;
-  for (RopeTable& t : tables) {
-    const bool same = t.rot_dim == p.rot_dim && t.theta == p.theta_base && t.scale == p.linear_scale &&
-                      t.factors.size() == static_cast<size_t>(p.freq_factors ? half : 0) &&
-                      (!p.freq_factors || std::equal(t.factors.begin(), t.factors.end(), p.freq_factors));
-    if (same) return t;
-  }
+  for (RopeTable& t : tables)
+    if (t.made_from(p)) return t;
   if (tables.size() >= 4) tables.erase(tables.begin());
   RopeTable& t = tables.emplace_back();
-  t.rot_dim = p.rot_dim, t.theta = p.theta_base, t.scale = p.linear_scale;
-  t.factors.assign(p.freq_factors, p.freq_factors ? p.freq_factors + half : p.freq_factors);
-  t.inv_freq.resize(static_cast<size_t>(half));
-  for (int64_t i = 0; i < half; ++i) {
-    double f = std::pow(static_cast<double>(p.theta_base), -2.0 * static_cast<double>(i) / static_cast<double>(p.rot_dim));
-    if (p.freq_factors) f /= p.freq_factors[i];
-    t.inv_freq[i] = f / p.linear_scale;
-  }
+  t.make(p);
   t.cos_t.resize(static_cast<size_t>(G * half)), t.sin_t.resize(t.cos_t.size());
   for (int64_t o = 0; o < G; ++o) t.at(o, t.cos_t.data() + o * half, t.sin_t.data() + o * half);
   return t;
