@@ -48,6 +48,14 @@ std::vector<float> naive(const Case& c, const std::vector<float>& q, const std::
   return out;
 }
 
+// One attention call into a fresh output buffer, pre-filled with a value every element must overwrite.
+std::vector<float> attend(const ef::KvCache& cache, ef::AttentionArgs args, size_t n) {
+  std::vector<float> out(n, 123.0f);
+  args.out = out.data();
+  ef::attention(cache, args);
+  return out;
+}
+
 // kivi2: written in prefill batches and single tokens past the capacity (a ring), read back by
 // kv_read; attention at this level against the reference level and against the exact math over
 // the values kv_read returns (what every level's chunk kernel sees).
@@ -84,13 +92,7 @@ void test_attention_kivi2() {
     ef::AttentionArgs args;
     args.q = q.data(), args.n_q = c.n_q, args.n_heads = c.n_heads, args.q_pos = q_pos.data();
     args.window = c.window, args.scale = scale, args.softcap = c.softcap;
-    auto run = [&] {
-      std::vector<float> out(c.n_q * c.n_heads * c.hd, 123.0f);
-      ef::AttentionArgs a2 = args;
-      a2.out = out.data();
-      ef::attention(cache, a2);
-      return out;
-    };
+    auto run = [&] { return attend(cache, args, c.n_q * c.n_heads * c.hd); };
     const auto want = under("ref", run);
     const auto got = run();
     std::vector<float> Kf(c.n_kv * c.cap * c.hd), Vf(Kf.size());
@@ -143,13 +145,7 @@ void test_attention() {
       ef::AttentionArgs args;
       args.q = q.data(), args.n_q = c.n_q, args.n_heads = c.n_heads, args.q_pos = q_pos.data();
       args.window = c.window, args.mask = c.mask ? mask.data() : nullptr, args.scale = scale, args.softcap = c.softcap;
-      auto run = [&] {
-        std::vector<float> out(c.n_q * c.n_heads * c.hd, 123.0f);
-        ef::AttentionArgs a2 = args;
-        a2.out = out.data();
-        ef::attention(cache, a2);
-        return out;
-      };
+      auto run = [&] { return attend(cache, args, c.n_q * c.n_heads * c.hd); };
       const auto want = under("ref", run);
       const auto got = run();
       const auto Kf = ref_dequant(fmt, K, c.n_kv * c.cap, c.hd), Vf = ref_dequant(fmt, V, c.n_kv * c.cap, c.hd);

@@ -48,6 +48,21 @@ std::vector<float> run(const Arena& a, const std::vector<float>& x, int64_t n_to
 
 }  // namespace
 
+// Exact math of matmul_columns: out[t, c] = sum_r h[t, r] w[r, c] in double, and mag[t, c] the sum
+// of the terms' magnitudes (the scale of the error a quantized product may make).
+std::vector<float> columns_exact(const std::vector<float>& h, const std::vector<float>& wd, int64_t n, int64_t rows,
+                                 int64_t cols, std::vector<double>& mag) {
+  std::vector<float> exact(n * cols);
+  mag.assign(n * cols, 0.0);
+  for (int64_t t = 0; t < n; ++t)
+    for (int64_t c = 0; c < cols; ++c) {
+      double o = 0.0;
+      for (int64_t r = 0; r < rows; ++r) o += double(h[t * rows + r]) * wd[r * cols + c], mag[t * cols + c] += std::fabs(double(h[t * rows + r]) * wd[r * cols + c]);
+      exact[t * cols + c] = static_cast<float>(o);
+    }
+  return exact;
+}
+
 void test_ffn() {
   struct Combo {
     Format g, u, d;
@@ -159,14 +174,8 @@ void test_ffn() {
       std::vector<float> got(n * cols), want(n * cols);
       ef::matmul_columns(m, h.data(), n, got.data());
       under("ref", [&] { ef::matmul_columns(m, h.data(), n, want.data()); return 0; });
-      std::vector<double> mag(n * cols, 0.0);
-      std::vector<float> exact(n * cols);
-      for (int64_t t = 0; t < n; ++t)
-        for (int64_t c = 0; c < cols; ++c) {
-          double o = 0.0;
-          for (int64_t r = 0; r < rows; ++r) o += double(h[t * rows + r]) * wd[r * cols + c], mag[t * cols + c] += std::fabs(double(h[t * rows + r]) * wd[r * cols + c]);
-          exact[t * cols + c] = static_cast<float>(o);
-        }
+      std::vector<double> mag;
+      const auto exact = columns_exact(h, wd, n, rows, cols, mag);
       expect(rel_err(got, want, mag, 1e-6).max_err <= 5e-5, tag + " vs reference, n=" + std::to_string(n));
       expect(rel_err(got, exact, mag, 1e-6).max_err <= 5e-5, tag + " vs exact math, n=" + std::to_string(n));
       if (n > 1) {
@@ -203,14 +212,8 @@ void test_ffn() {
           under("ref", [&] { ef::matmul_columns(mp, h.data(), n, from_panels.data(), acts); return 0; });
           expect(from_panels == want, tag + ": column panels differ from the rows at ref, n=" + std::to_string(n));
         }
-        std::vector<double> mag(n * cols, 0.0);
-        std::vector<float> exact(n * cols);
-        for (int64_t t = 0; t < n; ++t)
-          for (int64_t c = 0; c < cols; ++c) {
-            double o = 0.0;
-            for (int64_t r = 0; r < rows; ++r) o += double(h[t * rows + r]) * wd[r * cols + c], mag[t * cols + c] += std::fabs(double(h[t * rows + r]) * wd[r * cols + c]);
-            exact[t * cols + c] = static_cast<float>(o);
-          }
+        std::vector<double> mag;
+        const auto exact = columns_exact(h, wd, n, rows, cols, mag);
         // int8 coefficients: measured up to 4e-3 (q8) and 2e-5 (q8x2) of sum |h w| on random data
         const double tol = two ? 2e-4 : 2e-2;
         expect(rel_err(got, exact, mag, 1e-6).max_err <= tol, tag + " vs exact math, n=" + std::to_string(n));
