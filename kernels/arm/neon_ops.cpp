@@ -276,6 +276,13 @@ void topk(const float* x, int64_t d, int64_t k, float* v, int32_t* ix) {
   }
 }
 
+// FPCR's default rounding (to nearest even), as f32_to_fp16.
+void to_half(const float* x, int64_t n, uint16_t* out) {
+  int64_t i = 0;
+  for (; i + 4 <= n; i += 4) vst1_u16(out + i, vreinterpret_u16_f16(vcvt_f16_f32(vld1q_f32(x + i))));
+  for (; i < n; ++i) out[i] = f32_to_fp16(x[i]);
+}
+
 }  // namespace
 }  // namespace ef::arm
 
@@ -291,6 +298,7 @@ void install_neon_ops(KernelTable& t) {
   t.gated_act[int(Activation::gelu_tanh)].set(gated<true>, n);
   t.softmax.set(arm::softmax, n);
   t.argmax.set(arm::argmax, n);
+  t.to_half.set(arm::to_half, n);
   t.topk.set(arm::topk, n);
 }
 }  // namespace ef

@@ -68,6 +68,10 @@ int32_t argmax(const float* x, int64_t d) {
   return static_cast<int32_t>(best);
 }
 
+void to_half(const float* x, int64_t n, uint16_t* out) {
+  for (int64_t i = 0; i < n; ++i) out[i] = f32_to_fp16(x[i]);
+}
+
 void topk(const float* x, int64_t d, int64_t k, float* values, int32_t* indices) {
   std::vector<int32_t> idx(static_cast<size_t>(d));
   std::iota(idx.begin(), idx.end(), 0);
@@ -86,6 +90,7 @@ void install_elementwise(KernelTable& t) {
   t.gated_act[int(Activation::gelu_tanh)].set(gated_gelu, n);
   t.softmax.set(softmax, n);
   t.argmax.set(argmax, n);
+  t.to_half.set(to_half, n);
   t.topk.set(topk, n);
 }
 

@@ -208,6 +208,7 @@ std::vector<std::pair<std::string, std::string>> implementations() {
   out.emplace_back("gated_gelu_tanh", t.gated_act[1].isa);
   out.emplace_back("softmax", t.softmax.isa);
   out.emplace_back("argmax", t.argmax.isa);
+  out.emplace_back("to_half", t.to_half.isa);
   out.emplace_back("topk", t.topk.isa);
   return out;
 }

@@ -89,6 +89,12 @@ void softmax(const float* x, float* y, int64_t n, int64_t d) {
   over_rows(n, d, [&](int64_t b, int64_t e) { fn(x + b * d, y + b * d, e - b, d); });
 }
 
+void to_half(const float* x, int64_t n, uint16_t* out) {
+  if (!x || !out) throw KernelError("to_half: buffer is null");
+  if (n < 0) throw KernelError("to_half: n must be >= 0");
+  kernels().to_half.fn(x, n, out);
+}
+
 void argmax(const float* x, int64_t n, int64_t d, int32_t* out) {
   check_nd(x, out, n, d, "argmax");
   const ArgmaxFn fn = kernels().argmax.fn;

@@ -119,6 +119,8 @@ using RopeApplyFn = void (*)(float* x, int64_t n, int64_t n_heads, int64_t hd, i
 using GatedActFn = void (*)(const float* g, const float* u, float* y, int64_t count);
 using SoftmaxFn = void (*)(const float* x, float* y, int64_t n, int64_t d);
 using ArgmaxFn = int32_t (*)(const float* x, int64_t d);
+// n floats to IEEE half (round to nearest even, as f32_to_fp16).
+using ToHalfFn = void (*)(const float* x, int64_t n, uint16_t* out);
 using TopkFn = void (*)(const float* x, int64_t d, int64_t k, float* values, int32_t* indices);
 
 template <class Fn>
@@ -146,6 +148,7 @@ struct KernelTable {
   Entry<GatedActFn> gated_act[2];            // by Activation
   Entry<SoftmaxFn> softmax;
   Entry<ArgmaxFn> argmax;
+  Entry<ToHalfFn> to_half;
   Entry<TopkFn> topk;
 };
 

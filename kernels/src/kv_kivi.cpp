@@ -14,6 +14,7 @@
 #include <string>
 #include <vector>
 
+#include "kernel_table.h"
 #include "rope_freq.h"
 
 namespace ef {
@@ -369,7 +370,8 @@ void rows_f16(const KvCache& c, int64_t g, int64_t j0, int64_t count, uint16_t* 
   const int64_t hd = l.hd;
   thread_local std::vector<float> kblock;  // one key block, dequantized and still unrotated: [G, hd]
   kblock.resize(static_cast<size_t>(G * hd));
-  float kf[kMaxHeadDim];  // a key
+  float kf[kMaxHeadDim];  // a key or a value
+  const ToHalfFn half_of = kernels().to_half.fn;  // the conversion dominated these reads when scalar
   const int64_t half = c.rope.rot_dim / 2;
   RopeTable* rt = half ? &rope_table(c.rope) : nullptr;
   const float *cb = nullptr, *sb = nullptr;  // the block's first position's angles
@@ -384,9 +386,9 @@ void rows_f16(const KvCache& c, int64_t g, int64_t j0, int64_t count, uint16_t* 
     } else if (p >= *c.sealed || p < l.sink()) {  // in the ring, or the sink
       const int64_t i = p >= *c.sealed ? hv.ring_index(p) : p;
       q8_row(hv.key_q8(i), hd, kf);
-      for (int64_t e = 0; e < hd; ++e) ko[e] = f32_to_fp16(kf[e]);
+      half_of(kf, hd, ko);
       q8_row(hv.value_q8(i), hd, kf);
-      for (int64_t e = 0; e < hd; ++e) vo[e] = f32_to_fp16(kf[e]);
+      half_of(kf, hd, vo);
     } else {
       const int64_t block = j / G, t = j % G;
       if (block != block_read) {
@@ -403,14 +405,14 @@ void rows_f16(const KvCache& c, int64_t g, int64_t j0, int64_t count, uint16_t* 
         kf[i] = x0 * cp - x1 * sp;
         kf[i + half] = x0 * sp + x1 * cp;
       }
-      for (int64_t e = 0; e < hd; ++e) ko[e] = f32_to_fp16(kf[e]);
+      half_of(kf, hd, ko);
       const uint8_t* row = hv.value_row(j);
       for (int64_t gi = 0; gi < hd / G; ++gi) {
         const uint8_t* grp = row + gi * kValueGroupBytes;
         const float d = fp16_to_f32(load16(grp)), m = fp16_to_f32(load16(grp + 2));
-        for (int64_t i = 0; i < G; ++i)
-          vo[gi * G + i] = f32_to_fp16(m + d * static_cast<float>(code_at(grp + 4, i)));
+        for (int64_t i = 0; i < G; ++i) kf[gi * G + i] = m + d * static_cast<float>(code_at(grp + 4, i));
       }
+      half_of(kf, hd, vo);
     }
   }
 }

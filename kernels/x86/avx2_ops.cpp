@@ -315,6 +315,14 @@ void topk(const float* x, int64_t d, int64_t k, float* v, int32_t* ix) {
   }
 }
 
+// F16C's conversion rounds to nearest even, as f32_to_fp16 does.
+void to_half(const float* x, int64_t n, uint16_t* out) {
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8)
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(out + i), _mm256_cvtps_ph(_mm256_loadu_ps(x + i), _MM_FROUND_TO_NEAREST_INT));
+  for (; i < n; ++i) out[i] = f32_to_fp16(x[i]);
+}
+
 }  // namespace
 }  // namespace ef::x86
 
@@ -330,6 +338,7 @@ void install_avx2_ops(KernelTable& t) {
   t.gated_act[int(Activation::gelu_tanh)].set(gated<true>, n);
   t.softmax.set(x86::softmax, n);
   t.argmax.set(x86::argmax, n);
+  t.to_half.set(x86::to_half, n);
   t.topk.set(x86::topk, n);
 }
 }  // namespace ef

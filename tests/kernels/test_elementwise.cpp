@@ -108,6 +108,22 @@ void test_elementwise() {
       expect(tw.second == tg.second && tw.first == tg.first, "topk d=" + std::to_string(d) + " k=" + std::to_string(k));
     }
   }
+  // f32 -> f16: bit-identical to the scalar conversion over normal, subnormal, overflowing and
+  // tie-rounding values, and lengths with and without a vector tail.
+  {
+    std::vector<float> x = randn(1037, 3.0f);
+    const float special[] = {0.0f, -0.0f, 65504.0f, 65520.0f, 1e6f, -1e6f, 6.1e-5f, 3e-6f, -4e-8f, 1e-9f,
+                             1.0f + 1.0f / 2048, 1.0f + 3.0f / 2048, 2049.0f, 2051.0f};
+    for (size_t i = 0; i < sizeof(special) / sizeof(float); ++i) x[i * 37] = special[i];
+    for (size_t i = 600; i < 700; ++i) x[i] *= 1e-5f;  // the subnormal range of half
+    for (int64_t n : {int64_t(1), int64_t(7), int64_t(64), int64_t(1037)}) {
+      std::vector<uint16_t> got(n), want(n);
+      ef::to_half(x.data(), n, got.data());
+      for (int64_t i = 0; i < n; ++i) want[i] = ef::f32_to_fp16(x[i]);
+      expect(got == want, "to_half differs from f32_to_fp16, n=" + std::to_string(n));
+    }
+  }
+  note_impl("to_half");
   note_impl("argmax");
   note_impl("topk");
 }

@@ -228,6 +228,8 @@ void gated_act(const float* gate, const float* up, float* out, int64_t count, Ac
 void softmax(const float* x, float* y, int64_t n, int64_t d);
 // Index of the largest value of each row (the first one on ties).  x: [n, d] -> out: [n]
 void argmax(const float* x, int64_t n, int64_t d, int32_t* out);
+// n floats to IEEE half, rounded to nearest even (bit-identical to f32_to_fp16 for finite values).
+void to_half(const float* x, int64_t n, uint16_t* out);
 // The k largest values of each row, in descending order (lower index first on ties).
 // x: [n, d] -> values, indices: [n, k]
 void topk(const float* x, int64_t n, int64_t d, int64_t k, float* values, int32_t* indices);
