@@ -33,16 +33,19 @@ def small_gemm(rng: np.random.Generator) -> None:
 def attention(rng: np.random.Generator) -> None:
     print("decode attention, one query token (us per call)")
     for n_kv, heads, hd, ctx, fmt, name in [(1, 4, 256, 512, "f16", "Gemma 3"), (1, 4, 256, 2048, "f16", "Gemma 3"),
-                                            (3, 9, 64, 512, "f16", "SmolLM2"), (3, 9, 64, 512, "q8_0", "SmolLM2")]:
-        k, v, sp = K.new_kv_cache(n_kv, ctx, hd, fmt)
+                                            (3, 9, 64, 512, "f16", "SmolLM2"), (3, 9, 64, 512, "q8_0", "SmolLM2"),
+                                            (3, 9, 64, 2048, "f16", "SmolLM2"), (3, 9, 64, 2048, "kivi2", "SmolLM2")]:
+        cache = K.new_kv_cache(n_kv, ctx, hd, fmt, wraps=False)
+        k, v, sp = cache[:3]
+        # kivi2 keeps keys unrotated: it needs its `sealed` mark and the RoPE to rotate them back on read
+        extra = {"sealed": cache[3], "rope": (hd, 10000.0)} if fmt == "kivi2" else {}
         for p0 in range(0, ctx, 256):
             pos = np.arange(p0, p0 + 256)
             kv = rng.standard_normal((2, 256, n_kv, hd)).astype(np.float32)
-            K.kv_write(k, v, sp, kv[0], kv[1], pos, pos)
+            K.kv_write(k, v, sp, kv[0], kv[1], pos, pos, **extra)
         q = rng.standard_normal((1, heads, hd)).astype(np.float32)
-        qp = np.array([ctx - 1], np.int32)
         out = np.empty_like(q)
-        t = _median_time(lambda: _native.attention(k, v, fmt, n_kv, ctx, hd, sp, q, 1, heads, qp, 0, None, 0.1, 0.0, out))
+        t = _median_time(lambda: K.attention(q, k, v, sp, [ctx - 1], scale=0.1, out=out, **extra))
         print(f"  {name} shape ({n_kv} KV heads, {heads} heads, head_dim {hd}), {ctx} positions, {fmt} cache: {t * 1e6:7.1f} us")
 
 
