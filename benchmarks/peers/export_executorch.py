@@ -80,21 +80,14 @@ def rename_state_dict(state: dict, layer_names: dict[str, str]) -> dict:
     return out
 
 
-def smollm2_params(cfg) -> dict:
+def llama_params(cfg, qkv_bias: bool) -> dict:
+    """ExecuTorch's params.json for a llama-shaped model (its qwen2_5 params files have these fields
+    too), read from the model's transformers config; Qwen2.5 has q/k/v biases, SmolLM2 none."""
     return {"dim": cfg.hidden_size, "hidden_dim": cfg.intermediate_size, "ffn_dim_multiplier": 1,
             "n_heads": cfg.num_attention_heads, "n_kv_heads": cfg.num_key_value_heads,
             "n_layers": cfg.num_hidden_layers, "norm_eps": cfg.rms_norm_eps,
             "rope_theta": float(cfg.rope_parameters["rope_theta"]), "use_scaled_rope": False,
-            "vocab_size": cfg.vocab_size, "use_hf_rope": True, "attention_qkv_bias": False}
-
-
-def qwen2_5_params(cfg) -> dict:
-    # The fields of ExecuTorch's qwen2_5 params files, read from the model's own config.
-    return {"dim": cfg.hidden_size, "hidden_dim": cfg.intermediate_size, "ffn_dim_multiplier": 1,
-            "n_heads": cfg.num_attention_heads, "n_kv_heads": cfg.num_key_value_heads,
-            "n_layers": cfg.num_hidden_layers, "norm_eps": cfg.rms_norm_eps,
-            "rope_theta": float(cfg.rope_parameters["rope_theta"]), "use_scaled_rope": False,
-            "vocab_size": cfg.vocab_size, "use_hf_rope": True, "attention_qkv_bias": True}
+            "vocab_size": cfg.vocab_size, "use_hf_rope": True, "attention_qkv_bias": qkv_bias}
 
 
 def import_qwen2_5_convert_weights():
@@ -134,7 +127,7 @@ def convert_qwen2_5(model: BenchModel) -> None:
     out.mkdir(parents=True, exist_ok=True)
     hf, tok = load_hf(model)  # writes bench-out/hf/<model>/model.safetensors on first use
     tok.save_pretrained(out)
-    params = qwen2_5_params(hf.config)
+    params = llama_params(hf.config, qkv_bias=True)
     del hf
     import_qwen2_5_convert_weights().convert_weights(str(hf_dir(model)), str(out / "checkpoint.pth"))
     (out / "params.json").write_text(json.dumps(params, indent=1))
@@ -187,7 +180,7 @@ def convert(model: BenchModel) -> None:
         (out / "gemma3.json").write_text(json.dumps(extra, indent=1))
     else:
         sd = rename_state_dict(state, LLAMA_LAYER_NAMES)
-        params = smollm2_params(cfg)
+        params = llama_params(cfg, qkv_bias=False)
     torch.save({k: v.contiguous() for k, v in sd.items()}, out / "checkpoint.pth")
     (out / "params.json").write_text(json.dumps(params, indent=1))
     meta = {"get_bos_id": tok.bos_token_id if tok.bos_token_id is not None else -1,
@@ -212,7 +205,7 @@ def qwen2_5_export_command(model: BenchModel) -> list[str]:
     # The shipped yaml writes `metadata='{...}'` (command-line syntax), which YAML reads as a key
     # named "metadata='{"get_bos_id"" that the structured config rejects. A copy with the one line
     # as `metadata: '{...}'` is the same recipe.
-    text = re.sub(r"^(\s*)metadata=", r"\1metadata: ", recipe.read_text(), flags=re.M)
+    text = re.sub(r"^(\s*)metadata=", r"\1metadata: ", recipe.read_text(), flags=re.MULTILINE)
     yaml = out / recipe.name
     yaml.write_text(text)
     # The yaml is not the structured config, so keys it lacks are added with Hydra's "+".
