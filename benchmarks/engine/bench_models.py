@@ -43,6 +43,11 @@ def bundle_dir(name: str, quant: str = "q4_0") -> Path:
     return BENCH_OUT / "bundles" / f"{Path(name).stem if '/' in name else name}-{scheme}"
 
 
+# A bundle spec "SCHEME+dense" is the scheme's bundle without a neuron arena: every FFN matrix in
+# the row layout, for dense runs only (no sparse mode), the layout the GGUF path reads.
+DENSE_SUFFIX = "+dense"
+
+
 def ensure_bundle(name: str, quant: str = "q4_0", export: bool = False) -> Path | None:
     """The model's bundle directory; exported first when `export` (else None if absent)."""
     out = bundle_dir(name, quant)
@@ -58,11 +63,13 @@ def ensure_bundle(name: str, quant: str = "q4_0", export: bool = False) -> Path 
         "-o",
         str(out),
         "--quant",
-        quant,
+        quant.removesuffix(DENSE_SUFFIX),
         "--no-baseline",
         "--quiet",
         "-f",
     ]
+    if quant.endswith(DENSE_SUFFIX):
+        cmd.append("--no-neuron-arena")
     print("$ " + " ".join(cmd), file=sys.stderr, flush=True)
     subprocess.run(cmd, check=True)
     return out

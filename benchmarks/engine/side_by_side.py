@@ -300,7 +300,8 @@ def main(argv: list[str] | None = None) -> int:
         default="q4_0",
         metavar="SCHEME",
         help="the --quant scheme(s) of bundle-q8's bundles, comma-separated (default q4_0; e.g. "
-        "keep-arena,keep); other than q4_0 the scheme is named in the config column",
+        "keep-arena,keep; SCHEME+dense: exported without a neuron arena); other than q4_0 the scheme "
+        "is named in the config column",
     )
     p.add_argument(
         "--llama-python",
