@@ -13,6 +13,7 @@ in benchmarks/results/format-decode.jsonl. Time it under the shared lock on a sh
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import statistics
 import sys
@@ -24,8 +25,6 @@ sys.path.insert(0, str(HERE.parent / "results"))
 
 def bundle_format(path: Path) -> str:
     """The scheme a bundle was exported with, from its manifest."""
-    import json
-
     manifest = json.loads((path / "manifest.json").read_text())
     quant = manifest.get("quant") or {}
     return str(quant.get("scheme") or path.name)
@@ -64,12 +63,13 @@ def main() -> int:
             loads.append(os.getloadavg()[0])
             del m
     reference = statistics.median(decode[args.bundles[-1]])
+    formats = {path: bundle_format(path) for path in args.bundles}
     run = new_run_id()
     command = "python benchmarks/quality/format_decode.py " + " ".join(sys.argv[1:])
     print(f"{'bundle':<50} {'format':<8} {'decode tok/s (median)':>22} {'runs':>24} {'ratio':>6}")
     for path in args.bundles:
         median = statistics.median(decode[path])
-        fmt = bundle_format(path)
+        fmt = formats[path]
         runs = " ".join(f"{v:.1f}" for v in decode[path])
         print(f"{path!s:<50} {fmt:<8} {median:>22.1f} {runs:>24} {median / reference:>6.3f}")
         if not args.no_save:
@@ -81,7 +81,7 @@ def main() -> int:
                                             "unit": "tok/s"})
             append_result("format-decode", {**common, "metric": "decode_ratio_to_reference",
                                             "value": round(median / reference, 3), "unit": "x",
-                                            "notes": f"reference {bundle_format(args.bundles[-1])}"})
+                                            "notes": f"reference {formats[args.bundles[-1]]}"})
     return 0
 
 
