@@ -189,6 +189,7 @@ void install_linear(KernelTable& t) {
   t.gemm_q8_panels[int(Format::q5_0)].set(gemm_q8_panels<Format::q5_0>, n);
   t.gemm_q8_panels[int(Format::q4_k)].set(gemm_q8_panels<Format::q4_k>, n);
   t.gemm_q8_panels[int(Format::q6_k)].set(gemm_q8_panels<Format::q6_k>, n);
+  t.gemm_q8_panels[int(Format::q4_lut)].set(gemm_q8_panels<Format::q4_lut>, n);
   t.gemm_f32[int(Format::f32)].set(gemm_f32<Format::f32>, n);
   t.gemm_f32[int(Format::f16)].set(gemm_f32<Format::f16>, n);
   t.dequant[int(Format::f32)].set(dequant<Format::f32>, n);

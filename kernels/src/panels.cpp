@@ -10,21 +10,31 @@
 namespace ef {
 namespace {
 
-// A field of a block: `size` bytes at `offset`, interleaved across the 16 rows of a panel in
-// lanes of `lane` bytes. In a panel the field occupies bytes [16 * offset, 16 * (offset + size))
-// of its block column, lane k of row i at 16 * offset + (16 * k + i) * lane. So a 4-byte-lane word
-// at byte `off` of a row sits at 16 * off + 4 * i: one 64-byte vector per word of all 16 rows.
+// A field of a block (or of the row header): `size` bytes at `offset`, interleaved across the 16
+// rows of a panel in lanes of `lane` bytes. In a panel the field occupies bytes
+// [16 * offset, 16 * (offset + size)) of its block column (the header's bytes come first), lane k
+// of row i at 16 * offset + (16 * k + slot(i)) * lane. With slot(i) = i, a 4-byte-lane word at byte
+// `off` of a row sits at 16 * off + 4 * i: one 64-byte vector per word of all 16 rows. `quad`
+// fields (16-byte lanes) take slot(i) = 4 (i % 4) + i / 4 instead: vector a of the field holds rows
+// a, 4 + a, 8 + a, 12 + a, one row per 128-bit lane (a per-row table lookup with a 16-byte shuffle).
 struct Field {
   int offset, size, lane;
+  bool quad = false;
 };
 struct PanelFields {
   int count;
   Field f[4];
+  int header_count = 0;  // fields of the row header (offsets from the row start)
+  Field h[2] = {};
 };
+
+inline int field_slot(const Field& fd, int i) { return fd.quad ? 4 * (i % 4) + i / 4 : i; }
 
 // Indexed by Format; count 0 = no panel layout.
 PanelFields panel_fields(Format f) {
   switch (f) {
+    // header: scale (f32), levels (16 bytes); block: k (1 byte), 16 nibble bytes
+    case Format::q4_lut: return {2, {{0, 1, 1}, {1, 16, 16, true}}, 2, {{0, 4, 4}, {4, 16, 16, true}}};
     case Format::q8_0: return {2, {{0, 2, 2}, {2, 32, 4}}};                    // d, qs
     case Format::q4_0: return {2, {{0, 2, 2}, {2, 16, 4}}};                    // d, qs
     case Format::q4_1: return {3, {{0, 2, 2}, {2, 2, 2}, {4, 16, 4}}};         // d, m, qs
@@ -42,28 +52,32 @@ void check_panel_matrix(const WeightMatrix& w, const char* what) {
   check_cols(w.fmt, w.cols, what);
 }
 
+// Copies the fields of one block (or header) of row i between the two layouts: pb is its column
+// in the panel, rb its bytes in the row; to_panel = row -> panel slot, else back.
+void move_fields(const Field* fields, int count, uint8_t* pb, int i, uint8_t* rb, bool to_panel) {
+  for (int k = 0; k < count; ++k) {
+    const Field& fd = fields[k];
+    for (int l = 0; l < fd.size / fd.lane; ++l) {
+      uint8_t* p = pb + kPanelRows * fd.offset + (kPanelRows * l + field_slot(fd, i)) * fd.lane;
+      uint8_t* r = rb + fd.offset + l * fd.lane;
+      if (to_panel) {
+        std::memcpy(p, r, fd.lane);
+      } else {
+        std::memcpy(r, p, fd.lane);
+      }
+    }
+  }
+}
+
 // Copies one row between the two layouts: to_panel = row -> panel slot, else back.
 void move_row(Format f, int64_t cols, uint8_t* panel, int i, uint8_t* row, bool to_panel) {
   const FormatInfo& info = format_info(f);
   const PanelFields pf = panel_fields(f);
   const int64_t nb = cols / info.block_elems;
-  const int bb = info.block_bytes;
-  for (int64_t b = 0; b < nb; ++b) {
-    uint8_t* pb = panel + b * kPanelRows * bb;
-    uint8_t* rb = row + b * bb;
-    for (int k = 0; k < pf.count; ++k) {
-      const Field& fd = pf.f[k];
-      for (int l = 0; l < fd.size / fd.lane; ++l) {
-        uint8_t* p = pb + kPanelRows * fd.offset + (kPanelRows * l + i) * fd.lane;
-        uint8_t* r = rb + fd.offset + l * fd.lane;
-        if (to_panel) {
-          std::memcpy(p, r, fd.lane);
-        } else {
-          std::memcpy(r, p, fd.lane);
-        }
-      }
-    }
-  }
+  const int bb = info.block_bytes, header = info.row_header;
+  move_fields(pf.h, pf.header_count, panel, i, row, to_panel);
+  for (int64_t b = 0; b < nb; ++b)
+    move_fields(pf.f, pf.count, panel + kPanelRows * (header + b * bb), i, row + header + b * bb, to_panel);
 }
 
 }  // namespace

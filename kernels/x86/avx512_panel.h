@@ -345,7 +345,7 @@ struct PQ8_0 {
   }
 };
 
-// Row layout only: each row has its own 16-level table and f32 scale; a block's scale is the
+// The row layout: each row has its own 16-level table and f32 scale; a block's scale is the
 // row's times the square of its code byte.
 struct PQ4_LUT {
   static constexpr int kBB = 17, kHeader = 20, kStepUnits = 1, kSV = 1, kShift = 7;

@@ -1,0 +1,101 @@
+// AVX-512 VNNI GEMM of q4_lut matrices in the panel layout (docs/weight-formats.md). Each row has
+// its own 16-level table, so the codes are looked up row by row: the panel keeps a row's 16 nibble
+// bytes of a block (and its table) in one 128-bit lane, vector a holding rows a, 4 + a, 8 + a and
+// 12 + a, so one vpshufb decodes 16 codes of each of 4 rows with their own tables. The product
+// then runs along the row: vpdpbusd against the block's 16 activation codes repeated in every
+// 128-bit lane leaves 4 partial sums per row, and a 4-vector transpose-and-add turns the 4 vectors
+// into one (lane i = row i): 8 shuffles for 16 codes of 16 rows, 6 more per token and block.
+//
+// The arithmetic per output is the row kernel's (PQ4_LUT in avx512_panel.h) exactly: per block,
+// isum = sum_k (c[k] + 128) q[k] - 128 S as an exact int32 (only integer sums are reassociated),
+// then acc = fma(float(isum), (s * (k * k)) * dx, acc). So panels and rows give the same floats,
+// for any number of tokens.
+#pragma once
+
+#include "avx512_panel.h"
+
+namespace ef::x86 {
+namespace {
+
+constexpr int kLutHeader = 20, kLutBB = 17;
+
+// Lane i = row i: the 4 vectors' 4 partial sums of each lane's row, added (vector a lane L = row 4L + a).
+EF_INLINE __m512i lut_row_sums(const __m512i p[4]) {
+  const __m512i u0 = _mm512_add_epi32(_mm512_unpacklo_epi32(p[0], p[1]), _mm512_unpackhi_epi32(p[0], p[1]));
+  const __m512i u1 = _mm512_add_epi32(_mm512_unpacklo_epi32(p[2], p[3]), _mm512_unpackhi_epi32(p[2], p[3]));
+  return _mm512_add_epi32(_mm512_unpacklo_epi64(u0, u1), _mm512_unpackhi_epi64(u0, u1));
+}
+
+// One tile of NT tokens over one panel of nu blocks.
+template <int NT>
+void lut_panel_tile(const uint8_t* panel, int64_t nu, const Q8View& x, int64_t t0, float* y, int64_t ldy,
+                    __mmask16 valid, const Prefetch& pf) {
+  const int64_t cols = x.cols;
+  const __m512 s = _mm512_loadu_ps(panel);  // row scales
+  __m512i lut[4];                            // levels + 128 as unsigned bytes
+  for (int a = 0; a < 4; ++a)
+    lut[a] = _mm512_xor_si512(_mm512_loadu_si512(panel + kPanelRows * 4 + 64 * a), splat8(0x80));
+  const __m512i m = splat8(0x0F);
+  __m512 acc[NT];
+  for (int t = 0; t < NT; ++t) acc[t] = _mm512_setzero_ps();
+  for (int64_t u = 0; u < nu; ++u) {
+    pf.step(u);
+    const uint8_t* col = panel + kPanelRows * (kLutHeader + u * kLutBB);
+    const __m512 k = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(col))));
+    const __m512 a = _mm512_mul_ps(s, _mm512_mul_ps(k, k));
+    __m512i lo[4], hi[4];  // codes 0-15 and 16-31 of the block, vector a lane L = row 4L + a
+    for (int r = 0; r < 4; ++r) {
+      const __m512i q = _mm512_loadu_si512(col + kPanelRows + 64 * r);
+      lo[r] = _mm512_shuffle_epi8(lut[r], _mm512_and_si512(q, m));
+      hi[r] = _mm512_shuffle_epi8(lut[r], _mm512_and_si512(_mm512_srli_epi16(q, 4), m));
+    }
+    for (int t = 0; t < NT; ++t) {
+      const int8_t* xq = x.q + (t0 + t) * cols + 32 * u;
+      const __m512i xl = _mm512_broadcast_i32x4(_mm_loadu_si128(reinterpret_cast<const __m128i*>(xq)));
+      const __m512i xh = _mm512_broadcast_i32x4(_mm_loadu_si128(reinterpret_cast<const __m128i*>(xq + 16)));
+      __m512i p[4];
+      for (int r = 0; r < 4; ++r)
+        p[r] = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(_mm512_setzero_si512(), lo[r], xl), hi[r], xh);
+      const __m512i isum =
+          _mm512_add_epi32(lut_row_sums(p), _mm512_slli_epi32(_mm512_set1_epi32(x.ns32[(t0 + t) * (cols / 32) + u]), 7));
+      const __m512 dx = _mm512_set1_ps(x.d[(t0 + t) * (cols / 32) + u]);
+      acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum), _mm512_mul_ps(a, dx), acc[t]);
+    }
+  }
+  store_tile<NT>(acc, y, t0, ldy, valid);
+}
+
+// Rows [r0, r1) in panels of 16, tokens [t0, t1) in tiles of up to 8 (each tile decodes the
+// panel again: the lookups cost about as much as the loads, and the panel is in L1 by then).
+void gemm_q8_packed_lut(const RowsView& w, int64_t r0, int64_t r1, const Q8View& x, int64_t t0, int64_t t1, float* y,
+                        int64_t ldy) {
+  const int64_t nu = w.cols / 32;
+  const size_t panel_span = kPanelRows * w.stride;
+  const int64_t rows = w.rows > 0 ? w.rows : r1;
+  Prefetch pf;
+  pf.slice = (panel_span / static_cast<size_t>(nu) + 63) & ~static_cast<size_t>(63);
+  const int64_t ahead = std::clamp<int64_t>(static_cast<int64_t>(kPrefetchBytes / panel_span), 1, 8);
+  for (int64_t p0 = r0; p0 < r1; p0 += kPanelRows) {
+    const bool more = p0 + (ahead + 1) * kPanelRows <= rows;
+    const uint8_t* panel = w.panel(p0);
+    const int valid = static_cast<int>(std::min<int64_t>(kPanelRows, r1 - p0));
+    const __mmask16 vm = static_cast<__mmask16>((1u << valid) - 1);
+    float* yp = y + (p0 - r0);
+    for (int64_t t = t0; t < t1; t += kTileTokens) {
+      pf.next = more && t == t0 ? panel + ahead * panel_span : nullptr;
+      switch (std::min<int64_t>(kTileTokens, t1 - t)) {
+        case 1: lut_panel_tile<1>(panel, nu, x, t, yp, ldy, vm, pf); break;
+        case 2: lut_panel_tile<2>(panel, nu, x, t, yp, ldy, vm, pf); break;
+        case 3: lut_panel_tile<3>(panel, nu, x, t, yp, ldy, vm, pf); break;
+        case 4: lut_panel_tile<4>(panel, nu, x, t, yp, ldy, vm, pf); break;
+        case 5: lut_panel_tile<5>(panel, nu, x, t, yp, ldy, vm, pf); break;
+        case 6: lut_panel_tile<6>(panel, nu, x, t, yp, ldy, vm, pf); break;
+        case 7: lut_panel_tile<7>(panel, nu, x, t, yp, ldy, vm, pf); break;
+        default: lut_panel_tile<8>(panel, nu, x, t, yp, ldy, vm, pf); break;
+      }
+    }
+  }
+}
+
+}  // namespace
+}  // namespace ef::x86
