@@ -1,4 +1,5 @@
 // NEON + dotprod level (ARMv8.2+, e.g. Cortex-A55/A76 and later): quantized GEMM with sdot.
+#include "neon_lut_panel.h"
 #include "neon_panel.h"
 #include "neon_quant.h"
 
@@ -37,5 +38,6 @@ void install_neon_dotprod(KernelTable& t) {
   t.gemm_q8_panels[int(Format::q5_0)].set(gemm_panels<DotCore, NQ5_0>, n);
   t.gemm_q8_panels[int(Format::q4_k)].set(gemm_panels<DotCore, NQ4_K>, n);
   t.gemm_q8_panels[int(Format::q6_k)].set(gemm_panels<DotCore, NQ6_K>, n);
+  t.gemm_q8_panels[int(Format::q4_lut)].set(gemm_panels_lut<DotCore>, n);
 }
 }  // namespace ef

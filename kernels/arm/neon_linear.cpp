@@ -1,5 +1,6 @@
 // NEON level (ARMv8.0, e.g. Cortex-A53/A72): quantized GEMM with smull/smlal, float GEMM,
 // dequantization, activation quantization.
+#include "neon_lut_panel.h"
 #include "neon_panel.h"
 #include "neon_quant.h"
 
@@ -149,6 +150,7 @@ void install_neon(KernelTable& t) {
   t.gemm_q8_panels[int(Format::q5_0)].set(gemm_panels<MullCore, NQ5_0>, n);
   t.gemm_q8_panels[int(Format::q4_k)].set(gemm_panels<MullCore, NQ4_K>, n);
   t.gemm_q8_panels[int(Format::q6_k)].set(gemm_panels<MullCore, NQ6_K>, n);
+  t.gemm_q8_panels[int(Format::q4_lut)].set(gemm_panels_lut<MullCore>, n);
   t.gemm_f32[int(Format::f32)].set(gemm_f<false>, n);
   t.gemm_f32[int(Format::f16)].set(gemm_f<true>, n);
   t.dequant[int(Format::f32)].set(dequant_f<false>, n);

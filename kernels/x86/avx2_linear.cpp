@@ -1,5 +1,6 @@
 // AVX2 level: quantized GEMM with maddubs (u8 x s8 -> s16 pairs) from the row layout and from
 // panels (avx2_panel.h), float GEMM, dequantization.
+#include "avx2_lut_panel.h"
 #include "avx2_panel.h"
 #include "x86_float.h"
 #include "x86_quant.h"
@@ -41,6 +42,7 @@ void install_avx2(KernelTable& t) {
   t.gemm_q8_panels[int(Format::q5_0)].set(gemm_panels<AQ5_0>, n);
   t.gemm_q8_panels[int(Format::q4_k)].set(gemm_panels<AQ4_K>, n);
   t.gemm_q8_panels[int(Format::q6_k)].set(gemm_panels<AQ6_K>, n);
+  t.gemm_q8_panels[int(Format::q4_lut)].set(gemm_panels_lut, n);
   t.gemm_f32[int(Format::f32)].set(gemm_f<false>, n);
   t.gemm_f32[int(Format::f16)].set(gemm_f<true>, n);
   t.dequant[int(Format::f32)].set(dequant_f<false>, n);

@@ -62,10 +62,10 @@ void test_errors() {
   mp_stride.stride = 64;
   expect_throw("a row stride on a panel matrix", [&] { ef::matmul(mp_stride, x.data(), 2, y.data()); });
   expect_throw("listed rows of a panel matrix", [&] { ef::matmul_rows(mp, ids.data(), 1, x.data(), 1, y.data()); });
-  auto lut = random_weights(ef::Format::q4_lut, rows, cols);
-  const ef::WeightMatrix ml{lut.data(), lut.size(), ef::Format::q4_lut, rows, cols, 0};
-  std::vector<uint8_t> lp(ef::row_bytes(ef::Format::q4_lut, cols) * 16);
-  expect_throw("panels of a format without a panel layout", [&] { ef::pack_panels(ml, lp.data(), lp.size()); });
+  auto half = random_weights(ef::Format::f16, rows, cols);
+  const ef::WeightMatrix mh{half.data(), half.size(), ef::Format::f16, rows, cols, 0};
+  std::vector<uint8_t> hp(ef::row_bytes(ef::Format::f16, cols) * 16);
+  expect_throw("panels of a format without a panel layout", [&] { ef::pack_panels(mh, hp.data(), hp.size()); });
 
   ef::NeuronArena a{w.data(), w.size(), 1, cols, ef::Format::q4_0, ef::Format::q4_0, ef::Format::q4_0, 0};
   std::vector<int32_t> slots = {0, 1};

@@ -24,7 +24,7 @@ X = np.ones((2, 64), np.float32)
     (lambda: K.matmul(Q, "q4_0", np.ones((0, 64), np.float32)), ValueError, "no rows"),
     (lambda: K.matmul_rows(Q, "q4_0", [0, 4], X), ValueError, r"contains 4, outside \[0, 4\)"),
     (lambda: K.matmul_rows(Q, "q4_0", [0.5], X), TypeError, "integer array"),
-    (lambda: K.pack_panels(K.quantize(np.ones((4, 64), np.float32), "q4_lut"), "q4_lut"), ValueError,
+    (lambda: K.pack_panels(K.quantize(np.ones((4, 64), np.float32), "f16"), "f16"), ValueError,
      "no panel layout"),
     (lambda: K.matmul_panels(K.pack_panels(Q, "q4_0")[:-1], "q4_0", 4, 64, X), ValueError, "in panels take"),
     (lambda: K.matmul_panels(K.pack_panels(Q, "q4_0"), "q4_0", 4, 64, np.ones((2, 32), np.float32)), ValueError,
