@@ -20,9 +20,10 @@ namespace ef {
 //   rows:   row r starts at data + r * stride (the GGUF and bundle layout).
 //   panels: groups of 16 consecutive rows ("panels", the last one padded with zero rows), each
 //           block column of a panel stored field by field with the 16 rows interleaved in 4-byte
-//           (2-byte for fp16 scales) lanes: the order a SIMD GEMV consumes them in, so it reads
-//           one sequential stream and transposes nothing. Same bytes per row as `rows`
-//           (docs/weight-formats.md); written by pack_panels.
+//           (2-byte for fp16 scales) lanes, q4_lut's per-row tables and nibbles in 16-byte lanes:
+//           the order a SIMD GEMV consumes them in, so it reads one sequential stream and
+//           transposes nothing. Same bytes per row as `rows` (docs/weight-formats.md); written by
+//           pack_panels.
 enum class Layout : uint8_t { rows = 0, panels = 1 };
 constexpr int64_t kPanelRows = 16;
 
@@ -39,7 +40,7 @@ struct WeightMatrix {
 
 // Bytes of a [rows, cols] matrix in the panel layout (rows rounded up to whole panels).
 size_t panel_bytes(Format f, int64_t rows, int64_t cols);
-// Whether `f` has a panel layout at all (the GGML quantized formats).
+// Whether `f` has a panel layout at all (the GGML quantized formats and q4_lut).
 bool has_panels(Format f);
 // Whether the active level runs `f` faster from panels than from rows: the engine lays such
 // matrices out at load (a level without its own panel kernel still runs panels, through its twin).
