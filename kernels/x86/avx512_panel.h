@@ -648,6 +648,14 @@ void gemm_panels(const RowsView& w, int64_t r0, int64_t r1, const Q8View& x, int
   Prefetch pf;
   pf.slice = (panel_span / static_cast<size_t>(steps) + 63) & ~static_cast<size_t>(63);
   const int64_t ahead = std::clamp<int64_t>(static_cast<int64_t>(kPrefetchBytes / panel_span), 1, 8);
+  // The panels the loop's prefetch never requests (it runs `ahead` panels on) are requested now:
+  // a decode GEMV is split into tasks of a few dozen KiB, and their first panels would otherwise
+  // each wait out a full DRAM latency.
+  if (!w.index) {
+    const int64_t first = std::min<int64_t>(ahead, (r1 - r0 + kPanelRows - 1) / kPanelRows);
+    const char* start = reinterpret_cast<const char*>(w.panel(r0));
+    for (size_t b = 0; b < static_cast<size_t>(first) * panel_span; b += 64) _mm_prefetch(start + b, _MM_HINT_T0);
+  }
   for (int64_t p0 = r0; p0 < r1; p0 += kPanelRows) {
     const bool more = !w.index && p0 + (ahead + 1) * kPanelRows <= rows;
     pf.next = more ? w.panel(p0) + ahead * panel_span : nullptr;
