@@ -18,7 +18,7 @@ import numpy as np
 from edgeflash import kernels
 from edgeflash.base.errors import ModelFormatError, UserError
 from edgeflash.kernels import _native
-from edgeflash.kernels.formats import KERNEL_FORMATS, get_format
+from edgeflash.kernels.formats import KERNEL_FORMATS, REQUANTIZE_FORMATS, get_format
 from edgeflash.runtime.bundle.arena import ArenaTensor
 from edgeflash.runtime.distributed.shard import vocab_rows
 from edgeflash.runtime.native_config import engine_options, engine_shape, layer_shapes
@@ -29,7 +29,6 @@ from edgeflash.runtime.tensors import Tensor, dequantize_raw
 LAYER_SLOTS: dict[str, str] = {tensor: slot for slot, tensor in _native.layer_slots()}
 MATRIX_SLOTS = frozenset(slot for slot, _ in _native.layer_slots()[:_native.MATRIX_SLOTS])
 ATTENTION_CHUNK = 64  # cache slots the attention kernel reduces together (kChunk in kernels/src/attention.cpp)
-REQUANTIZE_FORMATS = ("q4_0", "q8_0")  # what `requantize` may ask for
 REQUANTIZE_ROWS = 4096  # rows converted at a time: the float copy stays a few MB whatever the matrix
 
 
@@ -98,8 +97,8 @@ class NativeEngine:
                  options: _native.EngineOptions | None = None, requantize: str | None = None, **option_args: Any):
         """`options` (runtime/native_config.engine_options), or the arguments to build them
         (`context_length`, `max_batch`, `kv_format`, `activations`, `head_chunk`). `requantize`
-        (q4_0 or q8_0): every matrix stored with more bits per weight is converted to it at load
-        (the embedding rows, read one per token, stay as they are)."""
+        (q4_0 or q8_0): every matrix stored with more bits per weight, or in a format the kernels do
+        not run, is converted to it at load (the embedding rows, read one per token, stay as they are)."""
         if requantize is not None and requantize not in REQUANTIZE_FORMATS:
             raise UserError(f"requantize = {requantize!r}: expected one of {', '.join(REQUANTIZE_FORMATS)}")
         self.requantize = requantize
@@ -168,7 +167,7 @@ class NativeEngine:
             target = "q8_0" if tensor.cols % 32 == 0 else "f16"
         shared_head = not embedding or self.spec.tied_embeddings  # an untied embedding only gives rows
         if (self.requantize and shared_head and tensor.cols % 32 == 0
-                and get_format(fmt).bits_per_weight > get_format(self.requantize).bits_per_weight):
+                and (target or get_format(fmt).bits_per_weight > get_format(self.requantize).bits_per_weight)):
             target = self.requantize
         if target is None:
             return np.ascontiguousarray(raw), fmt, tensor.rows, tensor.cols
