@@ -49,9 +49,14 @@ def load_model(path: str | Path, *, memory_budget: str | int | None = None, thre
                context_length: int | None = None, strategy: str = "flash", activations: str = "q8x2",
                kv_cache: str = "f16", sparsity: float | str | None = None, window: int = 4,
                head_shortlist: int | None = None, speculative: str = "none", ffn_fallback: bool = True,
-               neuron_chunk: int = 0) -> LoadedModel:
+               neuron_chunk: int = 0, requantize: str | None = None) -> LoadedModel:
     """The arguments of `edgeflash.load` (see there), for a resolved path."""
     _check_options(engine, threads, context_length, activations, kv_cache)
+    if requantize is not None and (memory_budget is not None or engine == "reference"):
+        raise UserError(f"requantize = {requantize!r} converts weights in memory at load, which a "
+                        + ("memory budget cannot hold (flash is read as it is): export a bundle with "
+                           f"`--quant {requantize}` instead" if memory_budget is not None else
+                           "reference engine does not run (it keeps float32 weights): use engine = 'native'"))
     if kv_cache == "kivi2" and speculative != "none":
         raise UserError(f"speculative = {speculative!r} with kv_cache = 'kivi2': a 2-bit KV cache does not verify "
                         "token trees; use kv_cache = 'f16' or 'q8_0' with speculative decoding")
@@ -77,7 +82,7 @@ def load_model(path: str | Path, *, memory_budget: str | int | None = None, thre
             run = ReferenceEngine(source, context_length=context_length)
         else:
             run = NativeEngine(source, threads=threads, context_length=context_length, activations=activations,
-                               kv_format=kv_cache)
+                               kv_format=kv_cache, requantize=requantize)
         return LoadedModel(source, run, speculative, _drafter(speculative, run))
     if engine == "reference":
         raise UserError("memory_budget needs the native engine (the reference runtime keeps every weight in float32)")

@@ -4,7 +4,8 @@ An engine is built from a ModelSource and a weight source, which decides where e
 from: `ResidentWeights` hands over every tensor where it already is (a memory-mapped GGUF or
 bundle is read in place); a budgeted run's weights (runtime/budgeted.py) keep part of them
 resident and stream the rest from flash. Then each forward pass is one C++ call. Formats the
-kernels do not run are converted once at load, and the conversion is reported in the stats.
+kernels do not run are converted once at load, and so are matrices stored with more bits than
+`requantize` asks for; the conversions are reported in the stats.
 """
 
 from __future__ import annotations
@@ -17,17 +18,18 @@ import numpy as np
 from edgeflash import kernels
 from edgeflash.base.errors import ModelFormatError, UserError
 from edgeflash.kernels import _native
-from edgeflash.kernels.formats import KERNEL_FORMATS
+from edgeflash.kernels.formats import KERNEL_FORMATS, REQUANTIZE_FORMATS, get_format
 from edgeflash.runtime.bundle.arena import ArenaTensor
 from edgeflash.runtime.distributed.shard import vocab_rows
 from edgeflash.runtime.native_config import engine_options, engine_shape, layer_shapes
 from edgeflash.runtime.source import ModelSource
-from edgeflash.runtime.tensors import Tensor
+from edgeflash.runtime.tensors import Tensor, dequantize_raw
 
 # Per-layer tensor name (after "blk.N.") -> the engine's slot name, from the C++ slot table.
 LAYER_SLOTS: dict[str, str] = {tensor: slot for slot, tensor in _native.layer_slots()}
 MATRIX_SLOTS = frozenset(slot for slot, _ in _native.layer_slots()[:_native.MATRIX_SLOTS])
 ATTENTION_CHUNK = 64  # cache slots the attention kernel reduces together (kChunk in kernels/src/attention.cpp)
+REQUANTIZE_ROWS = 4096  # rows converted at a time: the float copy stays a few MB whatever the matrix
 
 
 def _file_map(raw: np.ndarray) -> mmap.mmap | None:
@@ -92,9 +94,14 @@ class NativeEngine:
     name = "native"
 
     def __init__(self, source: ModelSource, *, weights: WeightSource | None = None, threads: int = 2,
-                 options: _native.EngineOptions | None = None, **option_args: Any):
+                 options: _native.EngineOptions | None = None, requantize: str | None = None, **option_args: Any):
         """`options` (runtime/native_config.engine_options), or the arguments to build them
-        (`context_length`, `max_batch`, `kv_format`, `activations`, `head_chunk`)."""
+        (`context_length`, `max_batch`, `kv_format`, `activations`, `head_chunk`). `requantize`
+        (q4_0 or q8_0): every matrix stored with more bits per weight, or in a format the kernels do
+        not run, is converted to it at load (the embedding rows, read one per token, stay as they are)."""
+        if requantize is not None and requantize not in REQUANTIZE_FORMATS:
+            raise UserError(f"requantize = {requantize!r}: expected one of {', '.join(REQUANTIZE_FORMATS)}")
+        self.requantize = requantize
         spec = source.spec
         self.source, self.spec, self.tokenizer = source, spec, source.tokenizer
         self.options = options or engine_options(spec, **option_args)
@@ -127,7 +134,7 @@ class NativeEngine:
         the pages of the file they were read from are dropped (the embedding rows stay in place)."""
         native = self._engine
         if "token_embd.weight" in t:
-            native.set_embedding(*self._matrix(t["token_embd.weight"]))
+            native.set_embedding(*self._matrix(t["token_embd.weight"], embedding=True))
         head = t.get("output.weight") if not self.spec.tied_embeddings else t.get("token_embd.weight")
         if head is not None:
             native.set_head(*self._matrix(head), panels=panels, drop_source=_file_backed(head.raw))
@@ -149,15 +156,39 @@ class NativeEngine:
                     if name.startswith(prefix) and w.raw.flags.c_contiguous:
                         _drop_file_pages(w.raw)
 
-    def _matrix(self, tensor: Tensor) -> tuple[np.ndarray, str, int, int]:
-        """(raw bytes, format, rows, cols), converting formats the kernels do not run."""
+    def _matrix(self, tensor: Tensor, embedding: bool = False) -> tuple[np.ndarray, str, int, int]:
+        """(raw bytes, format, rows, cols), converting formats the kernels do not run and, with
+        `requantize`, formats with more bits per weight than it."""
         raw, fmt = tensor.raw, tensor.fmt
-        if fmt not in KERNEL_FORMATS and not isinstance(tensor, ArenaTensor):  # arenas are in kernel formats
+        if isinstance(tensor, ArenaTensor):  # arenas are in kernel formats, laid out by the export
+            return np.ascontiguousarray(raw), fmt, tensor.rows, tensor.cols
+        target = None
+        if fmt not in KERNEL_FORMATS:
             target = "q8_0" if tensor.cols % 32 == 0 else "f16"
-            raw = kernels.quantize(tensor.dequantize().reshape(tensor.rows, tensor.cols), target)
-            self.conversions[tensor.name] = f"{fmt}->{target}"
-            fmt = target
-        return np.ascontiguousarray(raw), fmt, tensor.rows, tensor.cols
+        shared_head = not embedding or self.spec.tied_embeddings  # an untied embedding only gives rows
+        if (self.requantize and shared_head and tensor.cols % 32 == 0
+                and (target or get_format(fmt).bits_per_weight > get_format(self.requantize).bits_per_weight)):
+            target = self.requantize
+        if target is None:
+            return np.ascontiguousarray(raw), fmt, tensor.rows, tensor.cols
+        raw = self._convert(tensor, target)
+        self.conversions[tensor.name] = f"{fmt}->{target}"
+        self.weight_bytes += raw.nbytes - tensor.nbytes
+        return raw, target, tensor.rows, tensor.cols
+
+    @staticmethod
+    def _convert(tensor: Tensor, target: str) -> np.ndarray:
+        """`tensor` in format `target`, converted a slice of rows at a time; the file pages it was
+        read from are dropped after each slice."""
+        rows, cols = tensor.rows, tensor.cols
+        src = tensor.raw.reshape(rows, -1)
+        out = np.empty((rows, get_format(target).row_bytes(cols)), dtype=np.uint8)
+        for r0 in range(0, rows, REQUANTIZE_ROWS):
+            part = src[r0:r0 + REQUANTIZE_ROWS]
+            out[r0:r0 + REQUANTIZE_ROWS] = kernels.quantize(dequantize_raw(part, tensor.fmt, cols), target)
+            if part.flags.c_contiguous:
+                _drop_file_pages(part)
+        return out
 
     @staticmethod
     def _vector(tensor: Tensor) -> np.ndarray:

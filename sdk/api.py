@@ -20,7 +20,7 @@ def load(model: str | Path = "default", *, memory_budget: str | int | None = Non
          engine: str = "auto", context_length: int | None = None, strategy: str = "flash",
          activations: str = "q8x2", kv_cache: str = "f16", sparsity: float | None = None, window: int = 4,
          head_shortlist: int | None = None, speculative: str = "none", ffn_fallback: bool = True,
-         neuron_chunk: int = 0) -> Model:
+         neuron_chunk: int = 0, requantize: str | None = None) -> Model:
     """Open a GGUF file, a Hugging Face directory, a bundle or a model alias ("default").
 
     memory_budget: one byte budget ("96MB", "1.5GiB" or bytes) for everything loading and running
@@ -45,11 +45,16 @@ def load(model: str | Path = "default", *, memory_budget: str | int | None = Non
     reduced head; needs a bundle), "draft:PATH" (a smaller model with the same tokenizer), "auto"
     (lookup, and a smaller model with the same tokenizer if one of the model aliases on this machine
     is one) or "auto:PATH" (lookup and that draft model). Lossless: greedy output is unchanged and
-    sampling keeps the model's distribution."""
+    sampling keeps the model's distribution.
+    requantize: "q4_0" or "q8_0": without a memory budget, every weight matrix stored with more bits
+    per weight is converted to this format at load (a GGUF's 5-, 6- and 8-bit matrices to q4_0, say):
+    fewer bytes read per token, so faster decoding, at a quality cost to measure
+    (benchmarks/engine/side_by_side.py prints perplexity beside speed). None keeps the file's formats."""
     return Model(load_model(resolve_model(model), memory_budget=memory_budget, threads=threads, engine=engine,
                             context_length=context_length, strategy=strategy, activations=activations,
                             kv_cache=kv_cache, sparsity=sparsity, window=window, head_shortlist=head_shortlist,
-                            speculative=speculative, ffn_fallback=ffn_fallback, neuron_chunk=neuron_chunk))
+                            speculative=speculative, ffn_fallback=ffn_fallback, neuron_chunk=neuron_chunk,
+                            requantize=requantize))
 
 
 class Model:

@@ -17,10 +17,11 @@ tokenizer from the GGUF): the same prompt, the same perplexity windows.
   python benchmarks/engine/side_by_side.py --configs gguf-q8,bundle-q8 --no-perplexity
 
 Configurations: gguf-q8 (the GGUF as it is, Q8 activations like llama.cpp's), gguf-q8x2 (the
-default activations, about 16-bit), bundle-q8 (the bundle from `edgeflash export --quant q4_0`, or
-of the scheme --bundle-quant names, see bench_models.py; --export writes missing ones), llamacpp
-(llama-cpp-python on the GGUF, from the benchmark environment: bash benchmarks/peers/setup-env.sh,
-or --llama-python), llamacpp-passive (the same with OMP_WAIT_POLICY=PASSIVE: its OpenMP threads
+default activations, about 16-bit), gguf-q4_0 (the GGUF with its wider matrices requantized to
+q4_0 at load, `edgeflash.load(..., requantize="q4_0")`, Q8 activations), bundle-q8 (the bundle from
+`edgeflash export --quant q4_0`, or of the scheme --bundle-quant names, see bench_models.py;
+--export writes missing ones), llamacpp (llama-cpp-python on the GGUF, from the benchmark
+environment: bash benchmarks/peers/setup-env.sh, or --llama-python), llamacpp-passive (the same with OMP_WAIT_POLICY=PASSIVE: its OpenMP threads
 sleep instead of spinning between operations, which on a loaded machine runs several times faster,
 and slower on a quiet one). Ratios are against the faster of the llama.cpp runs of each round.
 Records go to benchmarks/results/side-by-side.jsonl.
@@ -42,7 +43,7 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[1]
-CONFIGS = ("gguf-q8", "gguf-q8x2", "bundle-q8", "llamacpp", "llamacpp-passive", "executorch")
+CONFIGS = ("gguf-q8", "gguf-q8x2", "gguf-q4_0", "bundle-q8", "llamacpp", "llamacpp-passive", "executorch")
 LLAMACPP = ("llamacpp", "llamacpp-passive")
 # executorch: the model's 8da4w XNNPACK .pte from benchmarks/peers/export_executorch.py, driven through
 # its `forward` method by executorch.runtime in the benchmark environment (see worker_executorch).
@@ -69,7 +70,8 @@ def worker_edgeflash(job: dict) -> dict:
     import edgeflash as ef
     import numpy as np
 
-    model = ef.load(job["path"], threads=job["threads"], activations=job["activations"], context_length=2048)
+    model = ef.load(job["path"], threads=job["threads"], activations=job["activations"], context_length=2048,
+                    requantize=job.get("requantize"))
     engine = model.engine
     engine.forward(job["prompt"][:8])  # warm-up: weights paged in, scratch grown, threads started
     engine.reset()
@@ -344,6 +346,7 @@ def main(argv: list[str] | None = None) -> int:
                 "path": str(path),
                 "threads": args.threads,
                 "activations": "q8x2" if c == "gguf-q8x2" else "q8",
+                "requantize": "q4_0" if c == "gguf-q4_0" else None,
                 "prompt": ids["prompt"],
                 "windows": ids["windows"],
                 "decode_tokens": args.decode_tokens,

@@ -531,8 +531,20 @@ EF_INLINE void unit_tokens(const __m512i w[8], const float* tab, const Tokens<NT
   } else {
     __m512i s[NT];
     for (int t = 0; t < NT; ++t) s[t] = sum_start<F>(x.ns[t][u]);
-    for (int g = 0; g < 8; ++g)
-      for (int t = 0; t < NT; ++t) s[t] = dot4_bcast(s[t], w[g], x.q[t] + 32 * u + 4 * g);
+    if constexpr (NT <= 2) {
+      // Few tokens: two chains of 4 products instead of one of 8 (integer sums: the same result).
+      __m512i s2[NT];
+      for (int t = 0; t < NT; ++t) s2[t] = _mm512_setzero_si512();
+      for (int g = 0; g < 8; g += 2)
+        for (int t = 0; t < NT; ++t) {
+          s[t] = dot4_bcast(s[t], w[g], x.q[t] + 32 * u + 4 * g);
+          s2[t] = dot4_bcast(s2[t], w[g + 1], x.q[t] + 32 * u + 4 * g + 4);
+        }
+      for (int t = 0; t < NT; ++t) s[t] = _mm512_add_epi32(s[t], s2[t]);
+    } else {
+      for (int g = 0; g < 8; ++g)
+        for (int t = 0; t < NT; ++t) s[t] = dot4_bcast(s[t], w[g], x.q[t] + 32 * u + 4 * g);
+    }
     for (int t = 0; t < NT; ++t) {
       acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s[t]), _mm512_mul_ps(a, _mm512_set1_ps(x.d[t][u])), acc[t]);
       if constexpr (F::kFloatBias)
@@ -648,6 +660,14 @@ void gemm_panels(const RowsView& w, int64_t r0, int64_t r1, const Q8View& x, int
   Prefetch pf;
   pf.slice = (panel_span / static_cast<size_t>(steps) + 63) & ~static_cast<size_t>(63);
   const int64_t ahead = std::clamp<int64_t>(static_cast<int64_t>(kPrefetchBytes / panel_span), 1, 8);
+  // The panels the loop's prefetch never requests (it runs `ahead` panels on) are requested now:
+  // a decode GEMV is split into tasks of a few dozen KiB, and their first panels would otherwise
+  // each wait out a full DRAM latency.
+  if (!w.index) {
+    const int64_t first = std::min<int64_t>(ahead, (r1 - r0 + kPanelRows - 1) / kPanelRows);
+    const char* start = reinterpret_cast<const char*>(w.panel(r0));
+    for (size_t b = 0; b < static_cast<size_t>(first) * panel_span; b += 64) _mm_prefetch(start + b, _MM_HINT_T0);
+  }
   for (int64_t p0 = r0; p0 < r1; p0 += kPanelRows) {
     const bool more = !w.index && p0 + (ahead + 1) * kPanelRows <= rows;
     pf.next = more ? w.panel(p0) + ahead * panel_span : nullptr;

@@ -8,7 +8,7 @@ import argparse
 import sys
 from typing import Any, NoReturn
 
-from edgeflash.kernels.formats import KV_FORMATS
+from edgeflash.kernels.formats import KV_FORMATS, REQUANTIZE_FORMATS
 from edgeflash.runtime.sampler import SAMPLING_DEFAULTS
 
 ADVANCED_TITLE = "advanced (engine tuning and sampling details)"
@@ -160,6 +160,10 @@ def add_advanced_engine_options(p: argparse.ArgumentParser) -> None:
                      help="KV cache precision: q8_0 halves its memory, kivi2 (2-bit, KIVI) takes about a "
                           "quarter at long contexts (room for weights or a longer context under "
                           "--memory-budget) at a small quality cost (default: %(default)s)")
+    adv.add_argument("--requantize", choices=list(REQUANTIZE_FORMATS), default=None, metavar="FORMAT",
+                     help="without --memory-budget: convert every weight matrix stored with more bits to "
+                          "FORMAT (q4_0 or q8_0) at load: faster decoding at a quality cost (default: the "
+                          "file's formats)")
     adv.add_argument("--sparsity", action=Renamed, new="--ffn-sparsity")
     adv.add_argument("--window", action=Renamed, new="--neuron-window")
 
@@ -207,7 +211,8 @@ def load_kwargs(args: argparse.Namespace) -> dict:
     return {"memory_budget": args.memory_budget, "threads": args.threads, "engine": args.engine,
             "context_length": args.context_length, "strategy": args.strategy, "activations": args.activations,
             "kv_cache": args.kv_cache, "sparsity": args.sparsity, "window": args.window,
-            "head_shortlist": args.head_shortlist, "speculative": args.speculative, "neuron_chunk": args.neuron_chunk}
+            "head_shortlist": args.head_shortlist, "speculative": args.speculative, "neuron_chunk": args.neuron_chunk,
+            "requantize": args.requantize}
 
 
 def warn_without_chat_template(model: Any) -> None:
