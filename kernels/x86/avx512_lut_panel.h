@@ -136,6 +136,10 @@ void gemm_q8_packed_lut(const RowsView& w, int64_t r0, int64_t r1, const Q8View&
   Prefetch pf;
   pf.slice = (panel_span / static_cast<size_t>(nu) + 63) & ~static_cast<size_t>(63);
   const int64_t ahead = std::clamp<int64_t>(static_cast<int64_t>(kPrefetchBytes / panel_span), 1, 8);
+  // The first `ahead` panels, which the loop's prefetch never requests (as in gemm_panels).
+  const int64_t first = std::min<int64_t>(ahead, (r1 - r0 + kPanelRows - 1) / kPanelRows);
+  const char* start = reinterpret_cast<const char*>(w.panel(r0));
+  for (size_t b = 0; b < static_cast<size_t>(first) * panel_span; b += 64) _mm_prefetch(start + b, _MM_HINT_T0);
   for (int64_t p0 = r0; p0 < r1; p0 += kPanelRows) {
     const uint8_t* panel = w.panel(p0);
     pf.next = p0 + (ahead + 1) * kPanelRows <= rows ? panel + ahead * panel_span : nullptr;
