@@ -11,6 +11,7 @@
 #pragma once
 
 #include <algorithm>
+#include <type_traits>
 
 #include "kernel_table.h"
 #include "neon_common.h"
@@ -246,9 +247,12 @@ void group_tile(const Group& G, int64_t nu, const Tokens<NT>& tk, float* y, int6
   }
 }
 
-template <class Core, class F>
-void gemm_panels(const RowsView& w, int64_t r0, int64_t r1, const Q8View& x, int64_t t0, int64_t t1, float* y,
-                 int64_t ldy) {
+// Rows [r0, r1) in panels of 16, each in groups of kGroupRows rows, tokens [t0, t1) in tiles of up
+// to 4: tile(nt, panel, g, t, yp, gv, pf, slice) computes one group's rows for one tile (nt an
+// std::integral_constant), and the first tile of a panel's group 0 requests the next panel.
+template <class Tile>
+void for_each_group_tile(const RowsView& w, int64_t r0, int64_t r1, int64_t t0, int64_t t1, float* y,
+                         const Tile& tile) {
   const int64_t nu = w.cols / 32;
   const size_t panel_span = kPanelRows * w.stride;
   const int64_t rows = w.rows > 0 ? w.rows : r1;
@@ -260,20 +264,32 @@ void gemm_panels(const RowsView& w, int64_t r0, int64_t r1, const Q8View& x, int
     const int valid = static_cast<int>(std::min<int64_t>(kPanelRows, r1 - p0));
     float* yp = y + (p0 - r0);
     for (int g = 0; g * kGroupRows < valid; ++g) {
-      const Group G{panel, g};
       const int gv = valid - kGroupRows * g;
       const uint8_t* pf = g == 0 ? next : nullptr;  // the next panel, requested while group 0 runs
       for (int64_t t = t0; t < t1; t += 4) {
         switch (std::min<int64_t>(4, t1 - t)) {
-          case 1: group_tile<Core, F, 1>(G, nu, Tokens<1>(x, t, F::kSplit), yp, t, ldy, gv, pf, slice); break;
-          case 2: group_tile<Core, F, 2>(G, nu, Tokens<2>(x, t, F::kSplit), yp, t, ldy, gv, pf, slice); break;
-          case 3: group_tile<Core, F, 3>(G, nu, Tokens<3>(x, t, F::kSplit), yp, t, ldy, gv, pf, slice); break;
-          default: group_tile<Core, F, 4>(G, nu, Tokens<4>(x, t, F::kSplit), yp, t, ldy, gv, pf, slice); break;
+          case 1: tile(std::integral_constant<int, 1>{}, panel, g, t, yp, gv, pf, slice); break;
+          case 2: tile(std::integral_constant<int, 2>{}, panel, g, t, yp, gv, pf, slice); break;
+          case 3: tile(std::integral_constant<int, 3>{}, panel, g, t, yp, gv, pf, slice); break;
+          default: tile(std::integral_constant<int, 4>{}, panel, g, t, yp, gv, pf, slice); break;
         }
         pf = nullptr;
       }
     }
   }
+}
+
+template <class Core, class F>
+void gemm_panels(const RowsView& w, int64_t r0, int64_t r1, const Q8View& x, int64_t t0, int64_t t1, float* y,
+                 int64_t ldy) {
+  const int64_t nu = w.cols / 32;
+  for_each_group_tile(w, r0, r1, t0, t1, y,
+                      [&](auto nt, const uint8_t* panel, int g, int64_t t, float* yp, int gv, const uint8_t* pf,
+                          size_t slice) {
+                        constexpr int NT = decltype(nt)::value;
+                        group_tile<Core, F, NT>(Group{panel, g}, nu, Tokens<NT>(x, t, F::kSplit), yp, t, ldy, gv,
+                                                pf, slice);
+                      });
 }
 
 }  // namespace

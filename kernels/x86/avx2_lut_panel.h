@@ -70,29 +70,11 @@ void lut_group_tile(const uint8_t* panel, int g, int64_t nu, const Q8View& x, in
 void gemm_panels_lut(const RowsView& w, int64_t r0, int64_t r1, const Q8View& x, int64_t t0, int64_t t1, float* y,
                      int64_t ldy) {
   const int64_t nu = w.cols / 32;
-  const size_t panel_span = kPanelRows * w.stride;
-  const int64_t rows = w.rows > 0 ? w.rows : r1;
-  const int64_t ahead = std::max<int64_t>(1, static_cast<int64_t>(kPanelPrefetch / panel_span));
-  const size_t slice = (panel_span / static_cast<size_t>(nu) + 63) & ~static_cast<size_t>(63);
-  for (int64_t p0 = r0; p0 < r1; p0 += kPanelRows) {
-    const uint8_t* panel = w.panel(p0);
-    const uint8_t* next = p0 + (ahead + 1) * kPanelRows <= rows ? panel + ahead * panel_span : nullptr;
-    const int valid = static_cast<int>(std::min<int64_t>(kPanelRows, r1 - p0));
-    float* yp = y + (p0 - r0);
-    for (int g = 0; g * kGroupRows < valid; ++g) {
-      const int gv = valid - kGroupRows * g;
-      const uint8_t* pf = g == 0 ? next : nullptr;  // the next panel, requested while group 0 runs
-      for (int64_t t = t0; t < t1; t += 4) {
-        switch (std::min<int64_t>(4, t1 - t)) {
-          case 1: lut_group_tile<1>(panel, g, nu, x, t, yp, ldy, gv, pf, slice); break;
-          case 2: lut_group_tile<2>(panel, g, nu, x, t, yp, ldy, gv, pf, slice); break;
-          case 3: lut_group_tile<3>(panel, g, nu, x, t, yp, ldy, gv, pf, slice); break;
-          default: lut_group_tile<4>(panel, g, nu, x, t, yp, ldy, gv, pf, slice); break;
-        }
-        pf = nullptr;
-      }
-    }
-  }
+  for_each_group_tile(w, r0, r1, t0, t1, y,
+                      [&](auto nt, const uint8_t* panel, int g, int64_t t, float* yp, int gv, const uint8_t* pf,
+                          size_t slice) {
+                        lut_group_tile<decltype(nt)::value>(panel, g, nu, x, t, yp, ldy, gv, pf, slice);
+                      });
 }
 
 }  // namespace

@@ -111,18 +111,7 @@ void lut_panel_many(const uint8_t* panel, int64_t nu, float* tab, __m512i* codes
     lut_words(hi, w + 4);
     for (int g = 0; g < 8; ++g) _mm512_store_si512(codes + 8 * u + g, w[g]);
   }
-  int64_t t = t0;
-  for (; t + kTileTokens <= t1; t += kTileTokens) panel_tile<PQ4_LUT, kTileTokens>(codes, nu, tab, x, t, y, ldy, valid);
-  switch (t1 - t) {
-    case 1: panel_tile<PQ4_LUT, 1>(codes, nu, tab, x, t, y, ldy, valid); break;
-    case 2: panel_tile<PQ4_LUT, 2>(codes, nu, tab, x, t, y, ldy, valid); break;
-    case 3: panel_tile<PQ4_LUT, 3>(codes, nu, tab, x, t, y, ldy, valid); break;
-    case 4: panel_tile<PQ4_LUT, 4>(codes, nu, tab, x, t, y, ldy, valid); break;
-    case 5: panel_tile<PQ4_LUT, 5>(codes, nu, tab, x, t, y, ldy, valid); break;
-    case 6: panel_tile<PQ4_LUT, 6>(codes, nu, tab, x, t, y, ldy, valid); break;
-    case 7: panel_tile<PQ4_LUT, 7>(codes, nu, tab, x, t, y, ldy, valid); break;
-    default: break;
-  }
+  panel_tiles<PQ4_LUT>(codes, nu, tab, x, t0, t1, y, ldy, valid);
 }
 
 // Rows [r0, r1) in panels of 16, tokens [t0, t1): up to 8 along the rows, more through the word layout.

@@ -602,6 +602,24 @@ void panel_tile(const __m512i* codes, int64_t nu, const float* tab, const Q8View
   store_tile<NT>(acc, y, t0, ldy, valid);
 }
 
+// Tokens [t0, t1) in tiles over a panel decoded into `codes` and `tab`.
+template <class F>
+void panel_tiles(const __m512i* codes, int64_t nu, const float* tab, const Q8View& x, int64_t t0, int64_t t1,
+                 float* y, int64_t ldy, __mmask16 valid) {
+  int64_t t = t0;
+  for (; t + kTileTokens <= t1; t += kTileTokens) panel_tile<F, kTileTokens>(codes, nu, tab, x, t, y, ldy, valid);
+  switch (t1 - t) {
+    case 1: panel_tile<F, 1>(codes, nu, tab, x, t, y, ldy, valid); break;
+    case 2: panel_tile<F, 2>(codes, nu, tab, x, t, y, ldy, valid); break;
+    case 3: panel_tile<F, 3>(codes, nu, tab, x, t, y, ldy, valid); break;
+    case 4: panel_tile<F, 4>(codes, nu, tab, x, t, y, ldy, valid); break;
+    case 5: panel_tile<F, 5>(codes, nu, tab, x, t, y, ldy, valid); break;
+    case 6: panel_tile<F, 6>(codes, nu, tab, x, t, y, ldy, valid); break;
+    case 7: panel_tile<F, 7>(codes, nu, tab, x, t, y, ldy, valid); break;
+    default: break;
+  }
+}
+
 // More than 8 tokens: decode the whole panel once (scales and codes) and run every tile of
 // tokens over it from L1/L2.
 template <class F, class Src>
@@ -615,18 +633,7 @@ void panel_packed(const Src& P, int64_t nu, float* tab, __m512i* codes, const Q8
     for (int j = 0; j < F::kStepUnits; ++j)
       for (int g = 0; g < 8; ++g) _mm512_store_si512(codes + 8 * (step * F::kStepUnits + j) + g, w[j][g]);
   }
-  int64_t t = t0;
-  for (; t + kTileTokens <= t1; t += kTileTokens) panel_tile<F, kTileTokens>(codes, nu, tab, x, t, y, ldy, valid);
-  switch (t1 - t) {
-    case 1: panel_tile<F, 1>(codes, nu, tab, x, t, y, ldy, valid); break;
-    case 2: panel_tile<F, 2>(codes, nu, tab, x, t, y, ldy, valid); break;
-    case 3: panel_tile<F, 3>(codes, nu, tab, x, t, y, ldy, valid); break;
-    case 4: panel_tile<F, 4>(codes, nu, tab, x, t, y, ldy, valid); break;
-    case 5: panel_tile<F, 5>(codes, nu, tab, x, t, y, ldy, valid); break;
-    case 6: panel_tile<F, 6>(codes, nu, tab, x, t, y, ldy, valid); break;
-    case 7: panel_tile<F, 7>(codes, nu, tab, x, t, y, ldy, valid); break;
-    default: break;
-  }
+  panel_tiles<F>(codes, nu, tab, x, t0, t1, y, ldy, valid);
 }
 
 template <class F, class Src>
