@@ -41,8 +41,7 @@ void group_tile_mm(const Group& G, int64_t nu, const Q8View& x, int64_t t0, floa
   float32x4_t acc[NP][2];
   for (int k = 0; k < NP; ++k) acc[k][0] = acc[k][1] = vdupq_n_f32(0.0f);
   for (int64_t u = 0; u < nu; ++u) {
-    if (prefetch)
-      for (size_t b = 0; b < slice; b += 64) __builtin_prefetch(prefetch + u * slice + b, 0, 3);
+    prefetch_slice(prefetch, u, slice);
     int8x16_t w[8];
     UnitScales sc;
     F::unit(G, u, w, sc);
@@ -93,16 +92,7 @@ void group_tile_mm(const Group& G, int64_t nu, const Q8View& x, int64_t t0, floa
   for (int k = 0; k < NP; ++k) {
     // [r0 t0, r0 t1, r1 t0, r1 t1], [r2 t0, ...] -> token 0: [r0, r1, r2, r3], token 1 likewise
     const float32x4_t tok[2] = {vuzp1q_f32(acc[k][0], acc[k][1]), vuzp2q_f32(acc[k][0], acc[k][1])};
-    for (int t = 0; t < 2; ++t) {
-      float* out = y + (t0 + 2 * k + t) * ldy + kGroupRows * G.g;
-      if (valid >= kGroupRows) {
-        vst1q_f32(out, tok[t]);
-      } else {
-        float tmp[4];
-        vst1q_f32(tmp, tok[t]);
-        for (int i = 0; i < valid; ++i) out[i] = tmp[i];
-      }
-    }
+    for (int t = 0; t < 2; ++t) store_group(tok[t], y + (t0 + 2 * k + t) * ldy + kGroupRows * G.g, valid);
   }
 }
 

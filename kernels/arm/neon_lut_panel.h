@@ -9,7 +9,6 @@
 // same float sequence for every output whatever the number of tokens.
 #pragma once
 
-#include <algorithm>
 #include <cstring>
 
 #include "kernel_table.h"
@@ -19,7 +18,6 @@
 namespace ef::arm {
 namespace {
 
-constexpr int kLutPanelRows = 16, kLutHeader = 20, kLutBB = 17;
 
 // Row group g of a q4_lut panel: row 4g + j's 16-byte lanes sit at 64 j + 16 g of a 64-byte field.
 template <class Core, int NT>
@@ -28,21 +26,20 @@ void lut_group_tile(const uint8_t* panel, int g, int64_t nu, const Q8View& x, in
   const int64_t cols = x.cols;
   const float32x4_t s = vld1q_f32(reinterpret_cast<const float*>(panel) + 4 * g);  // row scales
   int8x16_t lut[4];
-  for (int j = 0; j < 4; ++j) lut[j] = vld1q_s8(reinterpret_cast<const int8_t*>(panel + kLutPanelRows * 4 + 64 * j + 16 * g));
+  for (int j = 0; j < 4; ++j) lut[j] = vld1q_s8(reinterpret_cast<const int8_t*>(panel + kPanelRows * 4 + 64 * j + 16 * g));
   float32x4_t acc[NT];
   for (int t = 0; t < NT; ++t) acc[t] = vdupq_n_f32(0.0f);
   const uint8x16_t m = vdupq_n_u8(15);
   for (int64_t u = 0; u < nu; ++u) {
-    if (prefetch)
-      for (size_t b = 0; b < slice; b += 64) __builtin_prefetch(prefetch + u * slice + b, 0, 3);
-    const uint8_t* col = panel + kLutPanelRows * (kLutHeader + u * kLutBB);
+    prefetch_slice(prefetch, u, slice);
+    const uint8_t* col = panel + kPanelRows * (kQ4LutHeaderBytes + u * kQ4LutBlockBytes);
     uint32_t kw;  // the 4 rows' block scale codes
     std::memcpy(&kw, col + 4 * g, 4);
     const float32x4_t k = vcvtq_f32_u32(vmovl_u16(vget_low_u16(vmovl_u8(vreinterpret_u8_u32(vdup_n_u32(kw))))));
     const float32x4_t a = vmulq_f32(s, vmulq_f32(k, k));
     int8x16_t lo[4], hi[4];
     for (int j = 0; j < 4; ++j) {
-      const uint8x16_t q = vld1q_u8(col + kLutPanelRows + 64 * j + 16 * g);
+      const uint8x16_t q = vld1q_u8(col + kPanelRows + 64 * j + 16 * g);
       lo[j] = vqtbl1q_s8(lut[j], vandq_u8(q, m));
       hi[j] = vqtbl1q_s8(lut[j], vshrq_n_u8(q, 4));
     }
@@ -55,28 +52,19 @@ void lut_group_tile(const uint8_t* panel, int g, int64_t nu, const Q8View& x, in
       acc[t] = vfmaq_f32(acc[t], vcvtq_f32_s32(isum), vmulq_f32(a, vdupq_n_f32(x.d[(t0 + t) * (cols / 32) + u])));
     }
   }
-  for (int t = 0; t < NT; ++t) {
-    float* out = y + (t0 + t) * ldy + 4 * g;
-    if (valid >= 4) {
-      vst1q_f32(out, acc[t]);
-    } else {
-      float tmp[4];
-      vst1q_f32(tmp, acc[t]);
-      for (int i = 0; i < valid; ++i) out[i] = tmp[i];
-    }
-  }
+  for (int t = 0; t < NT; ++t) store_group(acc[t], y + (t0 + t) * ldy + kGroupRows * g, valid);
 }
 
 template <class Core>
 void gemm_panels_lut(const RowsView& w, int64_t r0, int64_t r1, const Q8View& x, int64_t t0, int64_t t1, float* y,
                      int64_t ldy) {
-  static_assert(kLutPanelRows == kPanelRows && kGroupRows == 4, "q4_lut panels group rows like the others");
+  static_assert(kGroupRows == 4, "row group g of a q4_lut panel is rows 4g..4g+3");
   const int64_t nu = w.cols / 32;
-  for_each_group_tile(w, r0, r1, t0, t1, y,
-                      [&](auto nt, const uint8_t* panel, int g, int64_t t, float* yp, int gv, const uint8_t* pf,
-                          size_t slice) {
-                        lut_group_tile<Core, decltype(nt)::value>(panel, g, nu, x, t, yp, ldy, gv, pf, slice);
-                      });
+  const auto tile = [&](auto nt, const uint8_t* panel, int g, int64_t t, float* yp, int gv, const uint8_t* pf,
+                        size_t slice) {
+    lut_group_tile<Core, decltype(nt)::value>(panel, g, nu, x, t, yp, ldy, gv, pf, slice);
+  };
+  for_each_group_tile<kGroupRows>(w, r0, r1, t0, t1, kPanelPrefetch, y, tile);
 }
 
 }  // namespace

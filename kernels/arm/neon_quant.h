@@ -125,7 +125,7 @@ struct Q6_K {
 
 // Row header: f32 scale, 16 int8 levels; block: scale code k (value scale = scale * k^2), 16 bytes.
 struct Q4_LUT {
-  static constexpr int kBlockElems = 32, kBlockBytes = 17, kHeader = 20, kUnits = 1;
+  static constexpr int kBlockElems = 32, kBlockBytes = kQ4LutBlockBytes, kHeader = kQ4LutHeaderBytes, kUnits = 1;
   static constexpr bool kSigned = true, kSplit = false, kHasB = false;
   static inline RowCtx row(const uint8_t* r) {
     RowCtx c;

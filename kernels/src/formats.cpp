@@ -7,7 +7,8 @@ namespace {
 const FormatInfo kFormats[kFormatCount] = {
     {"f32", 0, 1, 4, 0, false},      {"f16", 1, 1, 2, 0, false},      {"q8_0", 8, 32, 34, 0, true},
     {"q4_0", 2, 32, 18, 0, true},    {"q4_1", 3, 32, 20, 0, true},    {"q5_0", 6, 32, 22, 0, true},
-    {"q4_k", 12, 256, 144, 0, true}, {"q6_k", 14, 256, 210, 0, true}, {"q4_lut", -1, 32, 17, 20, true},
+    {"q4_k", 12, 256, 144, 0, true}, {"q6_k", 14, 256, 210, 0, true},
+    {"q4_lut", -1, 32, kQ4LutBlockBytes, kQ4LutHeaderBytes, true},
     {"bf16", 30, 1, 2, 0, false},    {"q5_1", 7, 32, 24, 0, true},    {"q2_k", 10, 256, 84, 0, true},
     {"q3_k", 11, 256, 110, 0, true}, {"q5_k", 13, 256, 176, 0, true},
     {"kivi2", -1, 32, 12, 0, true},  // a value row of the KV cache: per 32 values f16 scale, f16 min, 2-bit codes

@@ -11,7 +11,6 @@
 namespace ef::x86 {
 namespace {
 
-constexpr int kLutHeader = 20, kLutBB = 17;
 
 // Row group g (rows 8g..8g+7) against NT tokens. Register a (0-3) of a 64-byte quad field holds
 // rows a, 4 + a, 8 + a, 12 + a by 128-bit lane; its half g holds rows 8g + a and 8g + 4 + a.
@@ -27,9 +26,8 @@ void lut_group_tile(const uint8_t* panel, int g, int64_t nu, const Q8View& x, in
   __m256 acc[NT];
   for (int t = 0; t < NT; ++t) acc[t] = _mm256_setzero_ps();
   for (int64_t u = 0; u < nu; ++u) {
-    if (prefetch)
-      for (size_t b = 0; b < slice; b += 64) _mm_prefetch(reinterpret_cast<const char*>(prefetch + u * slice + b), _MM_HINT_T0);
-    const uint8_t* col = panel + kPanelRows * (kLutHeader + u * kLutBB);
+    prefetch_slice(prefetch, u, slice);
+    const uint8_t* col = panel + kPanelRows * (kQ4LutHeaderBytes + u * kQ4LutBlockBytes);
     const __m256 k = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(col + kGroupRows * g))));
     const __m256 a = _mm256_mul_ps(s, _mm256_mul_ps(k, k));
     __m256i lo[4], hi[4];
@@ -55,26 +53,17 @@ void lut_group_tile(const uint8_t* panel, int g, int64_t nu, const Q8View& x, in
       acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), _mm256_mul_ps(a, dx), acc[t]);
     }
   }
-  for (int t = 0; t < NT; ++t) {
-    float* out = y + (t0 + t) * ldy + kGroupRows * g;
-    if (valid >= kGroupRows) {
-      _mm256_storeu_ps(out, acc[t]);
-    } else {
-      alignas(32) float tmp[8];
-      _mm256_store_ps(tmp, acc[t]);
-      for (int i = 0; i < valid; ++i) out[i] = tmp[i];
-    }
-  }
+  for (int t = 0; t < NT; ++t) store_group(acc[t], y + (t0 + t) * ldy + kGroupRows * g, valid);
 }
 
 void gemm_panels_lut(const RowsView& w, int64_t r0, int64_t r1, const Q8View& x, int64_t t0, int64_t t1, float* y,
                      int64_t ldy) {
   const int64_t nu = w.cols / 32;
-  for_each_group_tile(w, r0, r1, t0, t1, y,
-                      [&](auto nt, const uint8_t* panel, int g, int64_t t, float* yp, int gv, const uint8_t* pf,
-                          size_t slice) {
-                        lut_group_tile<decltype(nt)::value>(panel, g, nu, x, t, yp, ldy, gv, pf, slice);
-                      });
+  const auto tile = [&](auto nt, const uint8_t* panel, int g, int64_t t, float* yp, int gv, const uint8_t* pf,
+                        size_t slice) {
+    lut_group_tile<decltype(nt)::value>(panel, g, nu, x, t, yp, ldy, gv, pf, slice);
+  };
+  for_each_group_tile<kGroupRows>(w, r0, r1, t0, t1, kPanelPrefetch, y, tile);
 }
 
 }  // namespace

@@ -7,8 +7,8 @@
 #pragma once
 
 #include <algorithm>
-#include <type_traits>
 
+#include "group_tiles.h"
 #include "kernel_table.h"
 #include "x86_common.h"
 
@@ -207,14 +207,30 @@ inline __m256i dot_words(__m256i acc, const __m256i w[8], const int8_t* x) {
   return acc;
 }
 
+// This unit's slice of the next panel, requested while the current one is computed (null: none).
+inline void prefetch_slice(const uint8_t* prefetch, int64_t u, size_t slice) {
+  if (prefetch)
+    for (size_t b = 0; b < slice; b += 64) _mm_prefetch(reinterpret_cast<const char*>(prefetch + u * slice + b), _MM_HINT_T0);
+}
+
+// A row group's outputs for one token: all kGroupRows of them, or the first `valid`.
+inline void store_group(__m256 v, float* out, int valid) {
+  if (valid >= kGroupRows) {
+    _mm256_storeu_ps(out, v);
+  } else {
+    alignas(32) float tmp[8];
+    _mm256_store_ps(tmp, v);
+    for (int i = 0; i < valid; ++i) out[i] = tmp[i];
+  }
+}
+
 template <class F, int NT>
 void group_tile(const Group& G, int64_t nu, const Tokens<NT>& tk, float* y, int64_t t0, int64_t ldy, int valid,
                 const uint8_t* prefetch, size_t slice) {
   __m256 acc[NT];
   for (int t = 0; t < NT; ++t) acc[t] = _mm256_setzero_ps();
   for (int64_t u = 0; u < nu; ++u) {
-    if (prefetch)
-      for (size_t b = 0; b < slice; b += 64) _mm_prefetch(reinterpret_cast<const char*>(prefetch + u * slice + b), _MM_HINT_T0);
+    prefetch_slice(prefetch, u, slice);
     __m256i w[8];
     UnitScales sc;
     F::unit(G, u, w, sc);
@@ -233,61 +249,19 @@ void group_tile(const Group& G, int64_t nu, const Tokens<NT>& tk, float* y, int6
       }
     }
   }
-  for (int t = 0; t < NT; ++t) {
-    float* out = y + (t0 + t) * ldy + kGroupRows * G.g;
-    if (valid >= kGroupRows) {
-      _mm256_storeu_ps(out, acc[t]);
-    } else {
-      alignas(32) float tmp[8];
-      _mm256_store_ps(tmp, acc[t]);
-      for (int i = 0; i < valid; ++i) out[i] = tmp[i];
-    }
-  }
-}
-
-// Rows [r0, r1) in panels of 16, each in groups of kGroupRows rows, tokens [t0, t1) in tiles of up
-// to 4: tile(nt, panel, g, t, yp, gv, pf, slice) computes one group's rows for one tile (nt an
-// std::integral_constant), and the first tile of a panel's group 0 requests the next panel.
-template <class Tile>
-void for_each_group_tile(const RowsView& w, int64_t r0, int64_t r1, int64_t t0, int64_t t1, float* y,
-                         const Tile& tile) {
-  const int64_t nu = w.cols / 32;
-  const size_t panel_span = kPanelRows * w.stride;
-  const int64_t rows = w.rows > 0 ? w.rows : r1;
-  const int64_t ahead = std::max<int64_t>(1, static_cast<int64_t>(kPanelPrefetch / panel_span));
-  const size_t slice = (panel_span / static_cast<size_t>(nu) + 63) & ~static_cast<size_t>(63);
-  for (int64_t p0 = r0; p0 < r1; p0 += kPanelRows) {
-    const uint8_t* panel = w.panel(p0);
-    const uint8_t* next = p0 + (ahead + 1) * kPanelRows <= rows ? panel + ahead * panel_span : nullptr;
-    const int valid = static_cast<int>(std::min<int64_t>(kPanelRows, r1 - p0));
-    float* yp = y + (p0 - r0);
-    for (int g = 0; g * kGroupRows < valid; ++g) {
-      const int gv = valid - kGroupRows * g;
-      const uint8_t* pf = g == 0 ? next : nullptr;  // the next panel, requested while group 0 runs
-      for (int64_t t = t0; t < t1; t += 4) {
-        switch (std::min<int64_t>(4, t1 - t)) {
-          case 1: tile(std::integral_constant<int, 1>{}, panel, g, t, yp, gv, pf, slice); break;
-          case 2: tile(std::integral_constant<int, 2>{}, panel, g, t, yp, gv, pf, slice); break;
-          case 3: tile(std::integral_constant<int, 3>{}, panel, g, t, yp, gv, pf, slice); break;
-          default: tile(std::integral_constant<int, 4>{}, panel, g, t, yp, gv, pf, slice); break;
-        }
-        pf = nullptr;
-      }
-    }
-  }
+  for (int t = 0; t < NT; ++t) store_group(acc[t], y + (t0 + t) * ldy + kGroupRows * G.g, valid);
 }
 
 template <class F>
 void gemm_panels(const RowsView& w, int64_t r0, int64_t r1, const Q8View& x, int64_t t0, int64_t t1, float* y,
                  int64_t ldy) {
   const int64_t nu = w.cols / 32;
-  for_each_group_tile(w, r0, r1, t0, t1, y,
-                      [&](auto nt, const uint8_t* panel, int g, int64_t t, float* yp, int gv, const uint8_t* pf,
-                          size_t slice) {
-                        constexpr int NT = decltype(nt)::value;
-                        group_tile<F, NT>(Group{panel, g}, nu, Tokens<NT>(x, t, F::kSplit), yp, t, ldy, gv, pf,
-                                          slice);
-                      });
+  const auto tile = [&](auto nt, const uint8_t* panel, int g, int64_t t, float* yp, int gv, const uint8_t* pf,
+                        size_t slice) {
+    constexpr int NT = decltype(nt)::value;
+    group_tile<F, NT>(Group{panel, g}, nu, Tokens<NT>(x, t, F::kSplit), yp, t, ldy, gv, pf, slice);
+  };
+  for_each_group_tile<kGroupRows>(w, r0, r1, t0, t1, kPanelPrefetch, y, tile);
 }
 
 }  // namespace

@@ -19,7 +19,6 @@
 namespace ef::x86 {
 namespace {
 
-constexpr int kLutHeader = 20, kLutBB = 17;
 
 // Lane i = row i: the 4 vectors' 4 partial sums of each lane's row, added (vector a lane L = row 4L + a).
 EF_INLINE __m512i lut_row_sums(const __m512i p[4]) {
@@ -73,7 +72,7 @@ void lut_panel_tile(const uint8_t* panel, int64_t nu, const Q8View& x, int64_t t
   for (int t = 0; t < NT; ++t) acc[t] = _mm512_setzero_ps();
   for (int64_t u = 0; u < nu; ++u) {
     pf.step(u);
-    const uint8_t* col = panel + kPanelRows * (kLutHeader + u * kLutBB);
+    const uint8_t* col = panel + kPanelRows * (kQ4LutHeaderBytes + u * kQ4LutBlockBytes);
     const __m512 a = lut_block_scales(col, s);
     __m512i lo[4], hi[4];
     lut_block_codes(col, lut, lo, hi);
@@ -103,7 +102,7 @@ void lut_panel_many(const uint8_t* panel, int64_t nu, float* tab, __m512i* codes
   lut_tables(panel, lut);
   for (int64_t u = 0; u < nu; ++u) {
     pf.step(u);
-    const uint8_t* col = panel + kPanelRows * (kLutHeader + u * kLutBB);
+    const uint8_t* col = panel + kPanelRows * (kQ4LutHeaderBytes + u * kQ4LutBlockBytes);
     _mm512_store_ps(tab + u * kPanelRows, lut_block_scales(col, s));
     __m512i lo[4], hi[4], w[8];
     lut_block_codes(col, lut, lo, hi);
@@ -120,21 +119,8 @@ void gemm_q8_packed_lut(const RowsView& w, int64_t r0, int64_t r1, const Q8View&
   const int64_t nu = w.cols / 32, nt = t1 - t0;
   float* tab = nt > kTileTokens ? panel_scratch<float>(static_cast<size_t>(nu * kPanelRows), 0) : nullptr;
   __m512i* codes = nt > kTileTokens ? panel_scratch<__m512i>(static_cast<size_t>(nu * 8), 1) : nullptr;
-  const size_t panel_span = kPanelRows * w.stride;
-  const int64_t rows = w.rows > 0 ? w.rows : r1;
-  Prefetch pf;
-  pf.slice = (panel_span / static_cast<size_t>(nu) + 63) & ~static_cast<size_t>(63);
-  const int64_t ahead = std::clamp<int64_t>(static_cast<int64_t>(kPrefetchBytes / panel_span), 1, 8);
-  // The first `ahead` panels, which the loop's prefetch never requests (as in gemm_panels).
-  const int64_t first = std::min<int64_t>(ahead, (r1 - r0 + kPanelRows - 1) / kPanelRows);
-  const char* start = reinterpret_cast<const char*>(w.panel(r0));
-  for (size_t b = 0; b < static_cast<size_t>(first) * panel_span; b += 64) _mm_prefetch(start + b, _MM_HINT_T0);
-  for (int64_t p0 = r0; p0 < r1; p0 += kPanelRows) {
+  for_each_panel(w, r0, r1, nu, y, [&](int64_t p0, int, __mmask16 vm, float* yp, const Prefetch& pf) {
     const uint8_t* panel = w.panel(p0);
-    pf.next = p0 + (ahead + 1) * kPanelRows <= rows ? panel + ahead * panel_span : nullptr;
-    const int valid = static_cast<int>(std::min<int64_t>(kPanelRows, r1 - p0));
-    const __mmask16 vm = static_cast<__mmask16>((1u << valid) - 1);
-    float* yp = y + (p0 - r0);
     switch (nt) {
       case 1: lut_panel_tile<1>(panel, nu, x, t0, yp, ldy, vm, pf); break;
       case 2: lut_panel_tile<2>(panel, nu, x, t0, yp, ldy, vm, pf); break;
@@ -146,7 +132,7 @@ void gemm_q8_packed_lut(const RowsView& w, int64_t r0, int64_t r1, const Q8View&
       case 8: lut_panel_tile<8>(panel, nu, x, t0, yp, ldy, vm, pf); break;
       default: lut_panel_many(panel, nu, tab, codes, x, t0, t1, yp, ldy, vm, pf); break;
     }
-  }
+  });
 }
 
 }  // namespace

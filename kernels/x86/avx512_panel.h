@@ -348,7 +348,7 @@ struct PQ8_0 {
 // The row layout: each row has its own 16-level table and f32 scale; a block's scale is the
 // row's times the square of its code byte.
 struct PQ4_LUT {
-  static constexpr int kBB = 17, kHeader = 20, kStepUnits = 1, kSV = 1, kShift = 7;
+  static constexpr int kBB = kQ4LutBlockBytes, kHeader = kQ4LutHeaderBytes, kStepUnits = 1, kSV = 1, kShift = 7;
   static constexpr bool kFloatBias = false, kSplit = false;
   static EF_INLINE void scales(const RowSource& S, int64_t u0, int64_t nu, float* tab) {
     alignas(64) float s[kPanelRows];
@@ -652,17 +652,13 @@ void run_panel(const Src& P, int64_t nu, float* tab, __m512i* codes, const Q8Vie
   }
 }
 
-// Rows [r0, r1) in panels of 16, tokens [t0, t1); Packed: the panel layout, else the row layout.
-// Every matrix is prefetched ahead of the panel being computed: in a model's forward pass each
-// matrix is read once and streams from DRAM, whatever its size.
-template <class F, bool Packed>
-void gemm_panels(const RowsView& w, int64_t r0, int64_t r1, const Q8View& x, int64_t t0, int64_t t1, float* y,
-                 int64_t ldy) {
-  const int64_t nu = w.cols / 32, nt = t1 - t0;
-  float* tab = nt > kTileTokens ? panel_scratch<float>(static_cast<size_t>(nu * F::kSV * kPanelRows), 0) : nullptr;
-  __m512i* codes = nt > kTileTokens ? panel_scratch<__m512i>(static_cast<size_t>(nu * 8), 1) : nullptr;
+// Rows [r0, r1) in panels of 16: panel(p0, valid, vm, yp, pf) computes the panel at row p0 (valid
+// rows of it, lane mask vm, outputs from yp) with pf requesting the panel `ahead` panels on a slice
+// per step (`steps` per panel). Every matrix is prefetched ahead of the panel being computed: in a
+// model's forward pass each matrix is read once and streams from DRAM, whatever its size.
+template <class PanelFn>
+void for_each_panel(const RowsView& w, int64_t r0, int64_t r1, int64_t steps, float* y, const PanelFn& panel) {
   const size_t panel_span = kPanelRows * w.stride;
-  const int64_t steps = nu / F::kStepUnits;
   const int64_t rows = w.rows > 0 ? w.rows : r1;
   Prefetch pf;
   pf.slice = (panel_span / static_cast<size_t>(steps) + 63) & ~static_cast<size_t>(63);
@@ -679,16 +675,27 @@ void gemm_panels(const RowsView& w, int64_t r0, int64_t r1, const Q8View& x, int
     const bool more = !w.index && p0 + (ahead + 1) * kPanelRows <= rows;
     pf.next = more ? w.panel(p0) + ahead * panel_span : nullptr;
     const int valid = static_cast<int>(std::min<int64_t>(kPanelRows, r1 - p0));
-    float* yp = y + (p0 - r0);
-    const __mmask16 vm = static_cast<__mmask16>((1u << valid) - 1);
-    if constexpr (Packed) {
-      run_panel<F>(PackedSource{w.panel(p0)}, nu, tab, codes, x, t0, t1, yp, ldy, vm, pf);
-    } else {
-      RowSource src;
-      for (int i = 0; i < kPanelRows; ++i) src.P.p[i] = w.row(i < valid ? p0 + i : p0);
-      run_panel<F>(src, nu, tab, codes, x, t0, t1, yp, ldy, vm, pf);
-    }
+    panel(p0, valid, static_cast<__mmask16>((1u << valid) - 1), y + (p0 - r0), pf);
   }
+}
+
+// Rows [r0, r1), tokens [t0, t1); Packed: the panel layout, else the row layout.
+template <class F, bool Packed>
+void gemm_panels(const RowsView& w, int64_t r0, int64_t r1, const Q8View& x, int64_t t0, int64_t t1, float* y,
+                 int64_t ldy) {
+  const int64_t nu = w.cols / 32, nt = t1 - t0;
+  float* tab = nt > kTileTokens ? panel_scratch<float>(static_cast<size_t>(nu * F::kSV * kPanelRows), 0) : nullptr;
+  __m512i* codes = nt > kTileTokens ? panel_scratch<__m512i>(static_cast<size_t>(nu * 8), 1) : nullptr;
+  for_each_panel(w, r0, r1, nu / F::kStepUnits, y,
+                 [&](int64_t p0, int valid, __mmask16 vm, float* yp, const Prefetch& pf) {
+                   if constexpr (Packed) {
+                     run_panel<F>(PackedSource{w.panel(p0)}, nu, tab, codes, x, t0, t1, yp, ldy, vm, pf);
+                   } else {
+                     RowSource src;
+                     for (int i = 0; i < kPanelRows; ++i) src.P.p[i] = w.row(i < valid ? p0 + i : p0);
+                     run_panel<F>(src, nu, tab, codes, x, t0, t1, yp, ldy, vm, pf);
+                   }
+                 });
 }
 
 template <class F>

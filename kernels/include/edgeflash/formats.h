@@ -19,6 +19,10 @@ enum class Format : int {
 };
 constexpr int kFormatCount = static_cast<int>(Format::count);
 
+// q4_lut's row header (f32 row scale, 16 int8 levels) and block (scale code k, 16 nibble bytes):
+// its entry in the format table, and the offsets its SIMD kernels address.
+constexpr int kQ4LutHeaderBytes = 20, kQ4LutBlockBytes = 17;
+
 // The one table of format geometry (formats.cpp); Python reads it through the bindings.
 struct FormatInfo {
   const char* name;
