@@ -217,6 +217,31 @@ def test_kivi2_keys_before_rope_lose_less_than_after(rng):
     assert errors[0] < 0.5 * errors[1], errors
 
 
+def test_kivi2_key_bits_go_to_the_large_channels_and_beat_even_2_bits(rng):
+    """Keys whose channels differ in size by 100x: each head's bits (a byte per channel at the start
+    of its part of K) average KEY_BITS, the largest channels get the most, and the keys come back
+    with less squared error than 2 bits in every channel would give."""
+    n_kv, cap, hd, P = 2, 512, 64, 512
+    scale = np.geomspace(0.1, 10.0, hd).astype(np.float32)[rng.permutation(hd)]
+    keys = rng.standard_normal((P, n_kv, hd)).astype(np.float32) * scale
+    cache = K.new_kv_cache(n_kv, cap, hd, "kivi2", wraps=False)
+    pos = np.arange(P, dtype=np.int32)
+    for p0 in range(0, P, 32):
+        K.kv_write(*cache[:3], keys[p0:p0 + 32], keys[p0:p0 + 32], pos[p0:p0 + 32], pos[p0:p0 + 32], sealed=cache[3])
+    bits = cache[0][:, :hd].astype(np.int64)
+    assert (bits.sum(axis=1) == KEY_BITS * hd).all() and bits.max() <= KEY_BITS_MAX
+    big, small = np.argsort(scale)[-8:], np.argsort(scale)[:8]
+    assert (bits[:, big] > bits[:, small]).all()
+    got, _ = K.kv_read(*cache[:3], hd, sealed=cache[3])
+    sealed = int(cache[3][0])
+    kr = _q8(keys[G:sealed])
+    blocks = kr.reshape(-1, G, n_kv, hd).transpose(0, 2, 3, 1)
+    even = _quantize_key_channels(blocks, np.full(blocks.shape[:-1], 2)).transpose(0, 3, 1, 2).reshape(-1, n_kv, hd)
+    err = float(np.mean((got[:, G:sealed] - keys[G:sealed].transpose(1, 0, 2)) ** 2))
+    err_even = float(np.mean((even - keys[G:sealed]) ** 2))
+    assert err < 0.5 * err_even, (err, err_even)
+
+
 @pytest.mark.parametrize("n_kv,n_heads,cap,hd,P,n_q,window", [
     (1, 4, 256, 256, 230, 3, 0),
     (2, 6, 224, 64, 400, 5, 150),  # wrapped ring with a sliding window
