@@ -158,17 +158,26 @@ void allocate_key_bits(const float* x, int64_t hd, int64_t t0, uint8_t* bits) {
 // (codes to levels, the transform, the mean back), in loops over contiguous channels that the
 // compiler vectorizes.
 void dequantize_key_block(const uint8_t* kb, const uint8_t* bits, int64_t hd, float* out) {
+  static_assert(kKeyBitsMax == 4, "a code is read from four planes");
+  // Each channel's planes spread to four [hd] rows (zero past its bits), so that a position's codes
+  // come from shifts by the same t across contiguous channels, a loop the compiler vectorizes.
+  uint32_t planes[kKeyBitsMax][kMaxHeadDim];
+  float d[kMaxHeadDim], off[kMaxHeadDim];
   const uint8_t* codes = kb + 4 * hd;
   for (int64_t e = 0; e < hd; ++e) {
     const int b = bits[e];
-    const float d = fp16_to_f32(load16(kb + 2 * e)), off = key_offset(b);
-    uint32_t planes[kKeyBitsMax] = {};
-    std::memcpy(planes, codes, static_cast<size_t>(b) * 4);
-    codes += 4 * b;
-    for (int64_t t = 0; t < G; ++t) {
-      int c = 0;
-      for (int i = 0; i < b; ++i) c |= static_cast<int>((planes[i] >> t) & 1) << i;
-      out[t * hd + e] = (static_cast<float>(c) - off) * d;
+    d[e] = fp16_to_f32(load16(kb + 2 * e)), off[e] = key_offset(b);
+    for (int i = 0; i < kKeyBitsMax; ++i) {
+      planes[i][e] = 0;
+      if (i < b) std::memcpy(&planes[i][e], codes, 4), codes += 4;
+    }
+  }
+  for (int64_t t = 0; t < G; ++t) {
+    float* row = out + t * hd;
+    for (int64_t e = 0; e < hd; ++e) {
+      const uint32_t c = ((planes[0][e] >> t) & 1u) | (((planes[1][e] >> t) & 1u) << 1) |
+                         (((planes[2][e] >> t) & 1u) << 2) | (((planes[3][e] >> t) & 1u) << 3);
+      row[e] = (static_cast<float>(static_cast<int32_t>(c)) - off[e]) * d[e];
     }
   }
   for (int64_t len = 1; len < G; len *= 2)
