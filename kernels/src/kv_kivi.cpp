@@ -104,7 +104,7 @@ void quantize_key_channel(float* x, int64_t stride, int bits, uint16_t* step_out
   uint16_t dh = f32_to_fp16(bits ? rms : 0.0f);
   const float off = key_offset(bits);
   float best = std::numeric_limits<float>::infinity();
-  for (int i = 0; bits && i < kMults; ++i) {  // the step of least squared error among these multiples of the RMS
+  for (int i = 0; bits && i < kMults; ++i) {  // the step of least squared error among these multiples
     const uint16_t th = f32_to_fp16(kStepMults[bits][i] * rms);
     const float td = fp16_to_f32(th), tinv = td > 0.0f ? 1.0f / td : 0.0f;
     float err = 0.0f;

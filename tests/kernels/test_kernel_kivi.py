@@ -12,8 +12,9 @@ import pytest
 G, W = K.KIVI["group"], K.KIVI["max_write"]
 KEY_BITS, KEY_BITS_MAX = K.KIVI["key_bits"], K.KIVI["key_bits_max"]
 # Candidate steps per bit count (multiples of the RMS) and a Gaussian's squared error per bit count.
-STEP_MULTS = np.array([[1.0] * 7, [1.2, 1.4, 1.5, 1.6, 1.7, 1.8, 2.0], [0.75, 0.875, 1.0, 1.125, 1.25, 1.5, 1.75],
-                       [0.45, 0.5, 0.55, 0.6, 0.65, 0.7, 0.8], [0.26, 0.3, 0.32, 0.34, 0.36, 0.4, 0.46]], np.float32)
+STEP_MULTS = np.array([[1.0] * 7, [1.2, 1.4, 1.5, 1.6, 1.7, 1.8, 2.0],
+                       [0.75, 0.875, 1.0, 1.125, 1.25, 1.5, 1.75], [0.45, 0.5, 0.55, 0.6, 0.65, 0.7, 0.8],
+                       [0.26, 0.3, 0.32, 0.34, 0.36, 0.4, 0.46]], np.float32)
 ERROR = np.array([1.0, 0.3634, 0.1175, 0.03744, 0.01154], np.float32)
 
 
@@ -68,15 +69,15 @@ def _allocate_bits(x: np.ndarray, t0: int) -> np.ndarray:
     sq = np.zeros(xs.shape[:-1])
     for t in range(xs.shape[-1]):  # the kernel's order, in double
         sq = sq + xs[..., t] * xs[..., t]
-    var = (sq / np.float64(xs.shape[-1])).astype(np.float32)
+    mean_square = (sq / np.float64(xs.shape[-1])).astype(np.float32)
     hd = x.shape[-2]
-    bits = np.zeros(var.shape, np.int64).reshape(-1, hd)
-    for row, v in zip(bits, var.reshape(-1, hd)):
+    bits = np.zeros(mean_square.shape, np.int64).reshape(-1, hd)
+    for row, v in zip(bits, mean_square.reshape(-1, hd)):
         for _ in range(KEY_BITS * hd):
             capped = np.minimum(row, KEY_BITS_MAX - 1)
             gain = np.where(row < KEY_BITS_MAX, v * (ERROR[capped] - ERROR[capped + 1]), np.float32(-np.inf))
             row[int(np.argmax(gain))] += 1
-    return bits.reshape(var.shape)
+    return bits.reshape(mean_square.shape)
 
 
 def _quantize_key_channels(x: np.ndarray, bits: np.ndarray) -> np.ndarray:
@@ -126,8 +127,8 @@ def _keys_through_store(k16: np.ndarray, first: int, rope: tuple[int, float] | N
         x[..., half:2 * half] = x1 * c[:, None] - x0 * s[:, None]
     blocks = x.reshape(n // G, G, n_kv, hd).transpose(0, 2, 3, 1)  # [blocks, n_kv, hd, G]
     bits = _allocate_bits(blocks[0], 1 if first == 0 else 0)  # [n_kv, hd], from the first stored block
-    y = _quantize_key_channels(blocks, np.broadcast_to(bits, blocks.shape[:-1])).transpose(0, 3, 1, 2).reshape(
-        n, n_kv, hd)
+    y = _quantize_key_channels(blocks, np.broadcast_to(bits, blocks.shape[:-1]))
+    y = y.transpose(0, 3, 1, 2).reshape(n, n_kv, hd)
     if half:  # rotated back: a block start's angles composed with the offset's
         cb, sb = _angles(np.arange(first, first + n, G).repeat(G), rope)
         ct, st = _angles(np.tile(np.arange(G), n // G), rope)
@@ -227,7 +228,8 @@ def test_kivi2_key_bits_go_to_the_large_channels_and_beat_even_2_bits(rng):
     cache = K.new_kv_cache(n_kv, cap, hd, "kivi2", wraps=False)
     pos = np.arange(P, dtype=np.int32)
     for p0 in range(0, P, 32):
-        K.kv_write(*cache[:3], keys[p0:p0 + 32], keys[p0:p0 + 32], pos[p0:p0 + 32], pos[p0:p0 + 32], sealed=cache[3])
+        run = slice(p0, p0 + 32)
+        K.kv_write(*cache[:3], keys[run], keys[run], pos[run], pos[run], sealed=cache[3])
     bits = cache[0][:, :hd].astype(np.int64)
     assert (bits.sum(axis=1) == KEY_BITS * hd).all() and bits.max() <= KEY_BITS_MAX
     big, small = np.argsort(scale)[-8:], np.argsort(scale)[:8]
@@ -236,7 +238,8 @@ def test_kivi2_key_bits_go_to_the_large_channels_and_beat_even_2_bits(rng):
     sealed = int(cache[3][0])
     kr = _q8(keys[G:sealed])
     blocks = kr.reshape(-1, G, n_kv, hd).transpose(0, 2, 3, 1)
-    even = _quantize_key_channels(blocks, np.full(blocks.shape[:-1], 2)).transpose(0, 3, 1, 2).reshape(-1, n_kv, hd)
+    even = _quantize_key_channels(blocks, np.full(blocks.shape[:-1], 2))
+    even = even.transpose(0, 3, 1, 2).reshape(-1, n_kv, hd)
     err = float(np.mean((got[:, G:sealed] - keys[G:sealed].transpose(1, 0, 2)) ** 2))
     err_even = float(np.mean((even - keys[G:sealed]) ** 2))
     assert err < 0.5 * err_even, (err, err_even)
