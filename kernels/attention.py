@@ -10,8 +10,10 @@ Format kivi2 (KIVI's 2-bit cache) keeps K and V as uint8 [n_kv_heads, bytes per 
 than V) and one more array, `sealed` (int64 [1]). Keys are quantized per channel over blocks of
 KIVI["key_group"] positions: before RoPE (`rope`: the rotation the written keys carry), an f16
 mean, and the orthonormal Walsh-Hadamard transform of the rest over the block's positions on
-4 symmetric levels of an f16 step (its RMS); values per position, an f16 scale and minimum per
-KIVI["group"] channels; 2-bit codes (4 levels). Positions stay in a ring of q8_0 rows until a
+2^b symmetric levels of an f16 step (a multiple of its RMS), b from 0 to KIVI["key_bits_max"] bits
+per channel and KIVI["key_bits"] on average, set per KV head when its first block is stored (the
+channels of largest mean square get the most); values per position, an f16 scale and minimum per
+KIVI["group"] channels, 2-bit codes (4 levels). Positions stay in a ring of q8_0 rows until a
 write starts kivi_recent(capacity) positions past their block of KIVI["group"]; in a cache that
 does not wrap the first block stays in q8_0 (the attention sink; a wrapping cache serves a
 sliding window, which leaves it behind). Position p must go to slot p % capacity (capacity a
@@ -27,7 +29,8 @@ from . import _native
 from ._arrays import array, index_array, out_array, writable
 from .formats import kv_cache_bytes, kv_key_bytes, kv_row_bytes
 
-KIVI: dict[str, int] = dict(_native.kivi_constants())  # group, key_group, recent_min, recent_max, max_write
+# group, key_group, key_bits, key_bits_max, recent_min, recent_max, max_write
+KIVI: dict[str, int] = dict(_native.kivi_constants())
 
 
 def kivi_recent(capacity: int) -> int:

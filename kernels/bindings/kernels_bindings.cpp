@@ -98,6 +98,7 @@ void ef::bind_kernels(nb::module_& m) {
   m.def("kivi_constants", [] {
     nb::dict d;
     d["group"] = ef::kKiviGroup, d["key_group"] = ef::kKiviKeyGroup;
+    d["key_bits"] = ef::kKiviKeyBits, d["key_bits_max"] = ef::kKiviKeyBitsMax;
     d["recent_min"] = ef::kKiviRecentMin, d["recent_max"] = ef::kKiviRecentMax;
     d["max_write"] = ef::kKiviMaxWrite;
     return d;

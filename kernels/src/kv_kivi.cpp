@@ -4,7 +4,7 @@
 // first block of positions (the attention sink most heads put much of their weight on) in q8_0
 // too; a wrapping cache serves a sliding window, which leaves the first positions behind. Values: asymmetric round-to-nearest to 4 levels min + d * {0..3},
 // d = (max - min) / 3, with d and min rounded to f16 first and the codes fit to the rounded pair.
-// Keys: see quantize_key_channel.
+// Keys: see quantize_key_channel and allocate_key_bits.
 #include "kv_kivi.h"
 
 #include <algorithm>
@@ -25,6 +25,8 @@ static_assert(kKiviKeyGroup == kKiviGroup, "a key block is one Hadamard transfor
 constexpr float kInvSqrtG = 0.17677669529663687f;  // 1 / sqrt(G): the transform is orthonormal
 constexpr size_t kValueGroupBytes = 4 + G / 4;  // f16 scale, f16 min, 2-bit codes
 constexpr int64_t kMaxHeadDim = 512;    // a key block's scales are read onto the stack
+constexpr int kKeyBits = static_cast<int>(kKiviKeyBits), kKeyBitsMax = static_cast<int>(kKiviKeyBitsMax);
+static_assert(G == 32, "a key channel's codes are bit planes of one 32-bit word each");
 
 uint16_t load16(const uint8_t* p) {
   uint16_t h;
@@ -62,20 +64,34 @@ void hadamard(float* x, int64_t stride) {
   for (int64_t t = 0; t < G; ++t) x[t * stride] *= kInvSqrtG;
 }
 
-// The nearest of the levels (code - 1.5) * step to y, given 1 / step.
-int key_code(float y, float inv_step) {
-  const float q = std::floor(y * inv_step) + 2.0f;
-  return q <= 0.0f ? 0 : q >= 3.0f ? 3 : static_cast<int>(q);
+// The middle of the 2^bits levels: level c is (c - key_offset(bits)) * step.
+float key_offset(int bits) { return 0.5f * static_cast<float>((1 << bits) - 1); }
+
+// The nearest of the levels (code - key_offset(bits)) * step to y, given 1 / step.
+int key_code(float y, float inv_step, int bits) {
+  const int top = (1 << bits) - 1;
+  const float q = std::floor(y * inv_step) + static_cast<float>((top + 1) / 2);
+  return q <= 0.0f ? 0 : q >= static_cast<float>(top) ? top : static_cast<int>(q);
 }
 
-constexpr float kStepMults[] = {0.75f, 0.875f, 1.0f, 1.125f, 1.25f, 1.5f, 1.75f};
+// Candidate steps per bit count, as multiples of the RMS around the MSE-best uniform step for a
+// Gaussian (1.60, 1.00, 0.59 and 0.34 RMS for 1 to 4 bits); 0 bits keep the mean only.
+constexpr int kMults = 7;
+constexpr float kStepMults[kKeyBitsMax + 1][kMults] = {
+    {1.0f, 1.0f, 1.0f, 1.0f, 1.0f, 1.0f, 1.0f},
+    {1.2f, 1.4f, 1.5f, 1.6f, 1.7f, 1.8f, 2.0f},
+    {0.75f, 0.875f, 1.0f, 1.125f, 1.25f, 1.5f, 1.75f},
+    {0.45f, 0.5f, 0.55f, 0.6f, 0.65f, 0.7f, 0.8f},
+    {0.26f, 0.3f, 0.32f, 0.34f, 0.36f, 0.4f, 0.46f},
+};
 
 // A key channel over a block's G positions: its mean in f16, and the Hadamard transform of what
-// is left quantized symmetrically to (code - 1.5) * step, the step the multiple of its RMS (the
-// MSE-best uniform 4-level step for a Gaussian) with the least squared error. The transform spreads a token whose
-// key stands out in this channel over all G coefficients, where a per-channel min / max range
-// would have to stretch to it.
-void quantize_key_channel(float* x, int64_t stride, uint16_t* step_out, uint16_t* mean_out, uint8_t* codes) {
+// is left quantized symmetrically to 2^bits levels (code - key_offset(bits)) * step, the step
+// the multiple of its RMS with the least squared error. The transform spreads a token whose key
+// stands out in this channel over all G coefficients, where a per-channel min / max range would
+// have to stretch to it. codes: `bits` 32-bit words, word i holding bit i of each position's code.
+void quantize_key_channel(float* x, int64_t stride, int bits, uint16_t* step_out, uint16_t* mean_out,
+                          uint8_t* codes) {
   float sum = 0.0f;
   for (int64_t t = 0; t < G; ++t) sum += x[t * stride];
   const uint16_t mh = f32_to_fp16(sum / static_cast<float>(G));
@@ -85,33 +101,84 @@ void quantize_key_channel(float* x, int64_t stride, uint16_t* step_out, uint16_t
   float ss = 0.0f;
   for (int64_t t = 0; t < G; ++t) ss += x[t * stride] * x[t * stride];
   const float rms = std::sqrt(ss / static_cast<float>(G));
-  uint16_t dh = f32_to_fp16(rms);
+  uint16_t dh = f32_to_fp16(bits ? rms : 0.0f);
+  const float off = key_offset(bits);
   float best = std::numeric_limits<float>::infinity();
-  for (float mult : kStepMults) {  // the step of least squared error among these multiples of the RMS
-    const uint16_t th = f32_to_fp16(mult * rms);
+  for (int i = 0; bits && i < kMults; ++i) {  // the step of least squared error among these multiples
+    const uint16_t th = f32_to_fp16(kStepMults[bits][i] * rms);
     const float td = fp16_to_f32(th), tinv = td > 0.0f ? 1.0f / td : 0.0f;
     float err = 0.0f;
     for (int64_t t = 0; t < G; ++t) {
-      const float r = x[t * stride] - (static_cast<float>(key_code(x[t * stride], tinv)) - 1.5f) * td;
+      const float r = x[t * stride] - (static_cast<float>(key_code(x[t * stride], tinv, bits)) - off) * td;
       err += r * r;
     }
     if (err < best) best = err, dh = th;
   }
   const float d = fp16_to_f32(dh), inv = d > 0.0f ? 1.0f / d : 0.0f;
-  std::memset(codes, 0, G / 4);
-  for (int64_t t = 0; t < G; ++t) codes[t / 4] |= static_cast<uint8_t>(key_code(x[t * stride], inv) << (2 * (t % 4)));
+  uint32_t planes[kKeyBitsMax] = {};
+  for (int64_t t = 0; t < G; ++t) {
+    const int c = key_code(x[t * stride], inv, bits);
+    for (int i = 0; i < bits; ++i) planes[i] |= static_cast<uint32_t>((c >> i) & 1) << t;
+  }
+  std::memcpy(codes, planes, static_cast<size_t>(bits) * 4);
   *step_out = dh, *mean_out = mh;
+}
+
+// Bits per key channel of one KV head, kKiviKeyBits on average and 0..kKiviKeyBitsMax each, from
+// a block of its unrotated keys x [G, hd]: one bit at a time to the channel where it cuts
+// w * kError[b] most, kError[b] a Gaussian's squared error under the best uniform step of b bits
+// relative to its variance, w the channel's mean square over the block. A query weighs each key
+// channel's error by its own entry there, and queries are large in the channels where keys are
+// (Qwen2.5's biased channels, RoPE's slow pairs): weighed by the mean square rather than the
+// variance, Qwen2.5-Coder-0.5B's perplexity rose 2.4% over f16's instead of 3.7%. A key channel's
+// scale belongs to the layer and head (weights, norm), so one block sets it for the cache's life.
+// Position 0 (the attention sink of most heads, its key unlike the others) is left out.
+void allocate_key_bits(const float* x, int64_t hd, int64_t t0, uint8_t* bits) {
+  static constexpr float kError[kKeyBitsMax + 1] = {1.0f, 0.3634f, 0.1175f, 0.03744f, 0.01154f};
+  float w[kMaxHeadDim];
+  for (int64_t e = 0; e < hd; ++e) {
+    double sq = 0.0;
+    for (int64_t t = t0; t < G; ++t) sq += static_cast<double>(x[t * hd + e]) * x[t * hd + e];
+    w[e] = static_cast<float>(sq / static_cast<double>(G - t0));
+    bits[e] = 0;
+  }
+  for (int64_t k = 0; k < kKeyBits * hd; ++k) {
+    int64_t best = 0;
+    float cut = -1.0f;
+    for (int64_t e = 0; e < hd; ++e) {
+      if (bits[e] >= kKeyBitsMax) continue;
+      const float g = w[e] * (kError[bits[e]] - kError[bits[e] + 1]);
+      if (g > cut) cut = g, best = e;
+    }
+    ++bits[best];
+  }
 }
 
 // The inverse of quantize_key_channel for all hd channels of a key block at once, into out [G, hd]
 // (codes to levels, the transform, the mean back), in loops over contiguous channels that the
 // compiler vectorizes.
-void dequantize_key_block(const uint8_t* kb, int64_t hd, float* out) {
+void dequantize_key_block(const uint8_t* kb, const uint8_t* bits, int64_t hd, float* out) {
+  static_assert(kKeyBitsMax == 4, "a code is read from four planes");
+  // Each channel's planes spread to four [hd] rows (zero past its bits), so that a position's codes
+  // come from shifts by the same t across contiguous channels, a loop the compiler vectorizes.
+  uint32_t planes[kKeyBitsMax][kMaxHeadDim];
+  float d[kMaxHeadDim], off[kMaxHeadDim];
   const uint8_t* codes = kb + 4 * hd;
   for (int64_t e = 0; e < hd; ++e) {
-    const float d = fp16_to_f32(load16(kb + 2 * e));
-    for (int64_t t = 0; t < G; ++t)
-      out[t * hd + e] = (static_cast<float>(code_at(codes + e * (G / 4), t)) - 1.5f) * d;
+    const int b = bits[e];
+    d[e] = fp16_to_f32(load16(kb + 2 * e)), off[e] = key_offset(b);
+    for (int i = 0; i < kKeyBitsMax; ++i) {
+      planes[i][e] = 0;
+      if (i < b) std::memcpy(&planes[i][e], codes, 4), codes += 4;
+    }
+  }
+  for (int64_t t = 0; t < G; ++t) {
+    float* row = out + t * hd;
+    for (int64_t e = 0; e < hd; ++e) {
+      const uint32_t c = ((planes[0][e] >> t) & 1u) | (((planes[1][e] >> t) & 1u) << 1) |
+                         (((planes[2][e] >> t) & 1u) << 2) | (((planes[3][e] >> t) & 1u) << 3);
+      row[e] = (static_cast<float>(static_cast<int32_t>(c)) - off[e]) * d[e];
+    }
   }
   for (int64_t len = 1; len < G; len *= 2)
     for (int64_t i = 0; i < G; i += 2 * len)
@@ -179,22 +246,25 @@ void check_rope(const RopeParams& p, int64_t head_dim) {
                       "] and a positive theta and scale, got rot_dim " + std::to_string(p.rot_dim));
 }
 
-// One KV head's part of K: [key store][sink][ring]; of V: [value store][sink][ring]. Sink and ring
-// are q8_0 rows (GGML's: per 32 values an f16 scale and 32 int8 codes).
-// A key block (G positions): f16 step [hd], f16 mean [hd], codes [hd][G / 4].
+// One KV head's part of K: [key bits][key store][sink][ring]; of V: [value store][sink][ring]. Sink
+// and ring are q8_0 rows (GGML's: per 32 values an f16 scale and 32 int8 codes). Key bits: a byte
+// per channel, set when the head's first block enters the store.
+// A key block (G positions): f16 step [hd], f16 mean [hd], then each channel's bits[e] 32-bit
+// code words (kKiviKeyBits * hd words in all).
 // A cache that never wraps has no store for block 0 (its positions stay in the sink).
 struct KiviLayout {
   int64_t hd, cap, recent;  // recent: ring rows
   bool wraps;
   int64_t first() const { return wraps ? 0 : 1; }  // slot block of the store's first block
-  size_t key_block() const { return static_cast<size_t>(hd) * (4 + G / 4); }
+  size_t key_bits() const { return static_cast<size_t>(hd); }
+  size_t key_block() const { return static_cast<size_t>(hd) * (4 + kKeyBits * G / 8); }
   size_t value_row() const { return static_cast<size_t>(hd / G) * kValueGroupBytes; }
   size_t key_store() const { return static_cast<size_t>(cap / G - first()) * key_block(); }
   size_t value_store() const { return static_cast<size_t>(cap - first() * G) * value_row(); }
   int64_t sink() const { return wraps ? 0 : G; }  // sink rows
   size_t ring_row() const { return kv_row_bytes(Format::q8_0, hd); }
   size_t ring_part() const { return static_cast<size_t>(sink() + recent) * ring_row(); }  // sink and ring
-  size_t key_head() const { return key_store() + ring_part(); }
+  size_t key_head() const { return key_bits() + key_store() + ring_part(); }
   size_t value_head() const { return value_store() + ring_part(); }
 };
 
@@ -206,7 +276,8 @@ struct HeadView {  // one KV head: where its keys' and values' parts start
   const KvCache& c;
   const KiviLayout& l;
   int64_t h;
-  uint8_t* key_store() const { return c.k + h * l.key_head(); }
+  uint8_t* key_bits() const { return c.k + h * l.key_head(); }
+  uint8_t* key_store() const { return key_bits() + l.key_bits(); }
   uint8_t* value_store() const { return c.v + h * l.value_head(); }
   uint8_t* key_q8(int64_t i) const { return key_store() + l.key_store() + static_cast<size_t>(i) * l.ring_row(); }
   uint8_t* value_q8(int64_t i) const { return value_store() + l.value_store() + static_cast<size_t>(i) * l.ring_row(); }
@@ -257,9 +328,13 @@ void seal(const KvCache& c, const KiviLayout& l, int64_t s) {
       }
     }
     uint8_t* kb = hv.key_block(s % c.capacity);
+    uint8_t* bits = hv.key_bits();
+    if (s == l.first() * G) allocate_key_bits(x.data(), hd, s == 0 ? 1 : 0, bits);
+    uint8_t* codes = kb + 4 * hd;
     for (int64_t e = 0; e < hd; ++e) {
       uint16_t d, m;
-      quantize_key_channel(x.data() + e, hd, &d, &m, kb + 4 * hd + e * (G / 4));
+      quantize_key_channel(x.data() + e, hd, bits[e], &d, &m, codes);
+      codes += 4 * bits[e];
       store16(kb + 2 * e, d);
       store16(kb + 2 * hd + 2 * e, m);
     }
@@ -393,7 +468,7 @@ void rows_f16(const KvCache& c, int64_t g, int64_t j0, int64_t count, uint16_t* 
       const int64_t block = j / G, t = j % G;
       if (block != block_read) {
         const uint8_t* kb = hv.key_block(j);
-        dequantize_key_block(kb, hd, kblock.data());
+        dequantize_key_block(kb, hv.key_bits(), hd, kblock.data());
         if (rt) rt->block_start(p - t, &cb, &sb);  // slot j holds position p, and p % G == j % G == t
         block_read = block;
       }

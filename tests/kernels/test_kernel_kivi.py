@@ -10,7 +10,12 @@ import numpy as np
 import pytest
 
 G, W = K.KIVI["group"], K.KIVI["max_write"]
-STEP_MULTS = [np.float32(m) for m in (0.75, 0.875, 1.0, 1.125, 1.25, 1.5, 1.75)]
+KEY_BITS, KEY_BITS_MAX = K.KIVI["key_bits"], K.KIVI["key_bits_max"]
+# Candidate steps per bit count (multiples of the RMS) and a Gaussian's squared error per bit count.
+STEP_MULTS = np.array([[1.0] * 7, [1.2, 1.4, 1.5, 1.6, 1.7, 1.8, 2.0],
+                       [0.75, 0.875, 1.0, 1.125, 1.25, 1.5, 1.75], [0.45, 0.5, 0.55, 0.6, 0.65, 0.7, 0.8],
+                       [0.26, 0.3, 0.32, 0.34, 0.36, 0.4, 0.46]], np.float32)
+ERROR = np.array([1.0, 0.3634, 0.1175, 0.03744, 0.01154], np.float32)
 
 
 def _quantize_groups(x: np.ndarray) -> np.ndarray:
@@ -49,25 +54,50 @@ def _f16(x: np.ndarray) -> np.ndarray:
     return x.astype(np.float16).astype(np.float32)
 
 
-def _codes(y: np.ndarray, d: np.ndarray) -> np.ndarray:
+def _codes(y: np.ndarray, d: np.ndarray, bits: np.ndarray) -> np.ndarray:
+    """The codes 0..2^bits-1 of the levels (code - offset) * d nearest y (bits [..., 1] per channel)."""
     inv = np.where(d > 0, np.float32(1) / np.where(d > 0, d, np.float32(1)), np.float32(0)).astype(np.float32)
-    return np.clip(np.floor(y * inv) + np.float32(2), 0, 3).astype(np.float32)
+    top = (2 ** bits - 1).astype(np.float32)
+    return np.clip(np.floor(y * inv) + ((2 ** bits) // 2).astype(np.float32), 0, top).astype(np.float32)
 
 
-def _quantize_key_channels(x: np.ndarray) -> np.ndarray:
-    """x [..., G]: one key channel over a block's positions -> what the 2-bit store gives back:
-    an f16 mean, the Hadamard transform of the rest on the levels (code - 1.5) * step with the f16
-    step among multiples of its RMS of least squared error, transformed back."""
+def _allocate_bits(x: np.ndarray, t0: int) -> np.ndarray:
+    """x [..., hd, G]: a head's first stored block of unrotated keys -> bits per channel: one bit at
+    a time to the channel where it cuts (mean square over positions t0..) * ERROR[b] most, the first
+    such channel on ties, at most KEY_BITS_MAX, KEY_BITS on average."""
+    xs = x[..., t0:].astype(np.float64)
+    sq = np.zeros(xs.shape[:-1])
+    for t in range(xs.shape[-1]):  # the kernel's order, in double
+        sq = sq + xs[..., t] * xs[..., t]
+    mean_square = (sq / np.float64(xs.shape[-1])).astype(np.float32)
+    hd = x.shape[-2]
+    bits = np.zeros(mean_square.shape, np.int64).reshape(-1, hd)
+    for row, v in zip(bits, mean_square.reshape(-1, hd)):
+        for _ in range(KEY_BITS * hd):
+            capped = np.minimum(row, KEY_BITS_MAX - 1)
+            gain = np.where(row < KEY_BITS_MAX, v * (ERROR[capped] - ERROR[capped + 1]), np.float32(-np.inf))
+            row[int(np.argmax(gain))] += 1
+    return bits.reshape(mean_square.shape)
+
+
+def _quantize_key_channels(x: np.ndarray, bits: np.ndarray) -> np.ndarray:
+    """x [..., G]: one key channel over a block's positions, bits [...] its code bits -> what the
+    store gives back: an f16 mean, the Hadamard transform of the rest on the levels
+    (code - (2^bits - 1) / 2) * step with the f16 step among multiples of its RMS of least squared
+    error (0 bits: the mean alone), transformed back."""
+    b = bits[..., None]
     m = _f16(_ordered_sum(x) / np.float32(G))[..., None]
     y = _hadamard(x - m)
     rms = np.sqrt(_ordered_sum(y * y) / np.float32(G))[..., None]
-    d, best = _f16(rms), np.full(rms.shape, np.inf, np.float32)
-    for mult in STEP_MULTS:
-        td = _f16(mult * rms)
-        r = y - (_codes(y, td) - np.float32(1.5)) * td
+    d, best = np.where(b > 0, _f16(rms), np.float32(0)), np.full(rms.shape, np.inf, np.float32)
+    offset = ((2 ** b - 1) / 2).astype(np.float32)
+    for i in range(STEP_MULTS.shape[1]):
+        td = _f16(STEP_MULTS[b, i] * rms)
+        r = y - (_codes(y, td, b) - offset) * td
         err = _ordered_sum(r * r)[..., None]
-        d, best = np.where(err < best, td, d), np.minimum(err, best)
-    return _hadamard((_codes(y, d) - np.float32(1.5)) * d) + m
+        better = (err < best) & (b > 0)
+        d, best = np.where(better, td, d), np.where(better, err, best)
+    return _hadamard((_codes(y, d, b) - offset) * d) + m
 
 
 def _q8(x: np.ndarray) -> np.ndarray:
@@ -96,7 +126,9 @@ def _keys_through_store(k16: np.ndarray, first: int, rope: tuple[int, float] | N
         x[..., :half] = x0 * c[:, None] + x1 * s[:, None]
         x[..., half:2 * half] = x1 * c[:, None] - x0 * s[:, None]
     blocks = x.reshape(n // G, G, n_kv, hd).transpose(0, 2, 3, 1)  # [blocks, n_kv, hd, G]
-    y = _quantize_key_channels(blocks).transpose(0, 3, 1, 2).reshape(n, n_kv, hd)
+    bits = _allocate_bits(blocks[0], 1 if first == 0 else 0)  # [n_kv, hd], from the first stored block
+    y = _quantize_key_channels(blocks, np.broadcast_to(bits, blocks.shape[:-1]))
+    y = y.transpose(0, 3, 1, 2).reshape(n, n_kv, hd)
     if half:  # rotated back: a block start's angles composed with the offset's
         cb, sb = _angles(np.arange(first, first + n, G).repeat(G), rope)
         ct, st = _angles(np.tile(np.arange(G), n // G), rope)
@@ -186,6 +218,33 @@ def test_kivi2_keys_before_rope_lose_less_than_after(rng):
     assert errors[0] < 0.5 * errors[1], errors
 
 
+def test_kivi2_key_bits_go_to_the_large_channels_and_beat_even_2_bits(rng):
+    """Keys whose channels differ in size by 100x: each head's bits (a byte per channel at the start
+    of its part of K) average KEY_BITS, the largest channels get the most, and the keys come back
+    with less squared error than 2 bits in every channel would give."""
+    n_kv, cap, hd, P = 2, 512, 64, 512
+    scale = np.geomspace(0.1, 10.0, hd).astype(np.float32)[rng.permutation(hd)]
+    keys = rng.standard_normal((P, n_kv, hd)).astype(np.float32) * scale
+    cache = K.new_kv_cache(n_kv, cap, hd, "kivi2", wraps=False)
+    pos = np.arange(P, dtype=np.int32)
+    for p0 in range(0, P, 32):
+        run = slice(p0, p0 + 32)
+        K.kv_write(*cache[:3], keys[run], keys[run], pos[run], pos[run], sealed=cache[3])
+    bits = cache[0][:, :hd].astype(np.int64)
+    assert (bits.sum(axis=1) == KEY_BITS * hd).all() and bits.max() <= KEY_BITS_MAX
+    big, small = np.argsort(scale)[-8:], np.argsort(scale)[:8]
+    assert (bits[:, big] > bits[:, small]).all()
+    got, _ = K.kv_read(*cache[:3], hd, sealed=cache[3])
+    sealed = int(cache[3][0])
+    kr = _q8(keys[G:sealed])
+    blocks = kr.reshape(-1, G, n_kv, hd).transpose(0, 2, 3, 1)
+    even = _quantize_key_channels(blocks, np.full(blocks.shape[:-1], 2))
+    even = even.transpose(0, 3, 1, 2).reshape(-1, n_kv, hd)
+    err = float(np.mean((got[:, G:sealed] - keys[G:sealed].transpose(1, 0, 2)) ** 2))
+    err_even = float(np.mean((even - keys[G:sealed]) ** 2))
+    assert err < 0.5 * err_even, (err, err_even)
+
+
 @pytest.mark.parametrize("n_kv,n_heads,cap,hd,P,n_q,window", [
     (1, 4, 256, 256, 230, 3, 0),
     (2, 6, 224, 64, 400, 5, 150),  # wrapped ring with a sliding window
@@ -206,16 +265,18 @@ def test_kivi2_attention_is_f16_attention_over_its_values(isa, threads, n_kv, n_
 
 
 def test_kivi2_memory_is_under_0_3x_f16_at_long_contexts():
-    # Per position: keys 2 bits + an f16 mean and step per 32 (3 bits), values 2 bits + an f16
-    # scale and minimum per 32 (3 bits); per KV head the ring of R + G + W - 1 q8_0 rows (34 bytes
-    # per 32 values) and, in a cache that does not wrap, the sink's G rows instead of a 2-bit block.
+    # Per position: keys 2 bits on average + an f16 mean and step per 32 (3 bits), values 2 bits +
+    # an f16 scale and minimum per 32 (3 bits); per KV head a byte of key bits per channel, the ring
+    # of R + G + W - 1 q8_0 rows (34 bytes per 32 values) and, in a cache that does not wrap, the
+    # sink's G rows instead of a 2-bit block.
     q8 = 34 / 64  # of f16's bytes
     for cap, hd in [(2048, 64), (4096, 128), (576, 256)]:
         f16 = K.kv_cache_bytes("f16", 2, cap, hd)
         ring = min(K.kivi_recent(cap) + G + W - 1, cap) / cap * q8
-        assert K.kv_cache_bytes("kivi2", 2, cap, hd) / f16 == pytest.approx((3 + 3) / 32 + ring)
+        bits_map = 1 / (4 * cap)  # hd bytes per head against f16's 4 * cap * hd
+        assert K.kv_cache_bytes("kivi2", 2, cap, hd) / f16 == pytest.approx((3 + 3) / 32 + ring + bits_map)
         no_wrap = K.kv_cache_bytes("kivi2", 2, cap, hd, wraps=False) / f16
-        assert no_wrap == pytest.approx((3 + 3) / 32 * (cap - G) / cap + ring + G / cap * q8)
+        assert no_wrap == pytest.approx((3 + 3) / 32 * (cap - G) / cap + ring + G / cap * q8 + bits_map)
     assert K.kv_cache_bytes("kivi2", 2, 2048, 64, wraps=False) < 0.3 * K.kv_cache_bytes("f16", 2, 2048, 64)
     sliding = K.kv_cache_bytes("kivi2", 1, 576, 256)  # a sliding-window layer's ring buffer
     assert sliding < 0.32 * K.kv_cache_bytes("f16", 1, 576, 256)

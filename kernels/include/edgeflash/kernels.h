@@ -156,8 +156,10 @@ struct RopeParams {  // RoPE as rope() applies it (below)
 //   kivi2 (KIVI, 2-bit codes): per KV head, a 2-bit store of `capacity` slots, then q8_0 rows: the
 //     sink (positions 0..kKiviGroup-1; none in a cache that wraps) and a ring of kv_recent_slots(capacity). Keys are quantized
 //     per channel over blocks of kKiviGroup positions, unrotated (KvCache::rope): an f16 mean and
-//     the orthonormal Walsh-Hadamard transform of the rest on 4 symmetric levels of an f16 step
-//     (blocks: f16 steps [hd], f16 means [hd], then 8 bytes of codes per channel); values per
+//     the orthonormal Walsh-Hadamard transform of the rest on 2^b symmetric levels of an f16 step,
+//     b from 0 to kKiviKeyBitsMax bits per channel, kKiviKeyBits on average, chosen per KV head
+//     from its first stored block (K per head: a byte of bits per channel, then the blocks: f16
+//     steps [hd], f16 means [hd], then b 32-bit words of code bits per channel); values per
 //     position in groups of kKiviGroup channels (format kivi2 rows: f16 scale, f16 minimum, 8
 //     bytes of codes). A position enters the ring; its block moves to the store (is sealed) once a
 //     write starts kv_recent(capacity) positions past the block's last; block 0 of a cache that
@@ -178,6 +180,8 @@ struct KvCache {
 };
 constexpr int64_t kKiviGroup = 32;     // positions per block, channels per value group
 constexpr int64_t kKiviKeyGroup = 32;  // positions per key step and mean (one Hadamard transform)
+constexpr int64_t kKiviKeyBits = 2;     // code bits per key value, on average over a head's channels
+constexpr int64_t kKiviKeyBitsMax = 4;  // and at most, in one channel
 constexpr int64_t kKiviRecentMin = 64;   // kv_recent's bounds
 constexpr int64_t kKiviRecentMax = 256;
 constexpr int64_t kKiviMaxWrite = 32;  // positions written as one run (the ring has room for them)
