@@ -26,7 +26,7 @@ class FormatInfo:
     row_header: int  # bytes before the first block of each row (q4_lut's level table)
     quantized: bool  # integer codes (run on Q8 activations) rather than floats
     runs: bool  # the kernels run it; other formats are converted when a model loads
-    quantizable: bool  # quantize() can write it (K-quants come from GGUF files as they are)
+    quantizable: bool  # quantize() can write it (K-quants other than q3_k come from GGUF files as they are)
 
     def row_bytes(self, cols: int) -> int:
         if cols % self.block_elems:
