@@ -508,35 +508,51 @@ struct PQ3_K {
                                        _mm512_slli_epi32(_mm512_and_si512(_mm512_srli_epi32(o[2], 4), m2), 4), kLowOrHigh);
       s[3] = _mm512_ternarylogic_epi32(_mm512_srli_epi32(o[1], 4), m4,
                                        _mm512_slli_epi32(_mm512_and_si512(_mm512_srli_epi32(o[2], 6), m2), 4), kLowOrHigh);
+      for (int i = 0; i < 4; ++i) s[i] = _mm512_sub_epi8(s[i], off);
       float* t = tab + (sb - u0 / 8) * 8 * kSV * kPanelRows;
       for (int k = 0; k < 16; ++k) {
-        const __m512i b = _mm512_sub_epi8(s[k >> 2], off);
-        const __m512i v = _mm512_srai_epi32(_mm512_slli_epi32(b, 24 - 8 * (k & 3)), 24);
+        const __m512i v = _mm512_srai_epi32(_mm512_slli_epi32(s[k >> 2], 24 - 8 * (k & 3)), 24);
         // scale k covers elements 16 k .. 16 k + 15: unit k / 2, half k % 2
         _mm512_store_ps(t + k * kPanelRows, _mm512_mul_ps(d, _mm512_cvtepi32_ps(v)));
       }
     }
   }
-  template <class Src>
-  static EF_INLINE void codes(const Src& P, int64_t step, __m512i w[][8]) {
-    const size_t base = static_cast<size_t>(step / 2) * kBB;
-    const int h = static_cast<int>(step % 2);
+  // hmask bit B to bit 2 of each byte: a shift right by B - 2 (left for B < 2); 32-bit shifts by
+  // at most 5 bring no other byte's bit into bit 2
+  template <int B>
+  static EF_INLINE __m512i high_bit(__m512i m) {
+    if constexpr (B < 2) {
+      return _mm512_slli_epi32(m, 2 - B);
+    } else if constexpr (B == 2) {
+      return m;
+    } else {
+      return _mm512_srli_epi32(m, B - 2);
+    }
+  }
+  template <int H, class Src>
+  static EF_INLINE void half_codes(const Src& P, size_t base, __m512i w[][8]) {
     __m512i m[8], q[8];
     P.words8(base, m);
-    P.words8(base + 32 + 32 * h, q);
+    P.words8(base + 32 + 32 * H, q);
     const __m512i m3 = splat8(0x03), b2 = splat8(0x04);
     constexpr int kLowOrHigh = 0xEA;  // (A & B) | C
     for (int g = 0; g < 8; ++g) {
-      // hmask bit 4h + j to bit 2: a shift right by 4h + j - 2 (left for j < 2 - 4h); 32-bit
-      // shifts by at most 5 bring no other byte's bit into bit 2
-      const __m512i h0 = h ? _mm512_srli_epi32(m[g], 2) : _mm512_slli_epi32(m[g], 2);
-      const __m512i h1 = h ? _mm512_srli_epi32(m[g], 3) : _mm512_slli_epi32(m[g], 1);
-      const __m512i h2 = h ? _mm512_srli_epi32(m[g], 4) : m[g];
-      const __m512i h3 = h ? _mm512_srli_epi32(m[g], 5) : _mm512_srli_epi32(m[g], 1);
-      w[0][g] = _mm512_ternarylogic_epi32(q[g], m3, _mm512_and_si512(h0, b2), kLowOrHigh);
-      w[1][g] = _mm512_ternarylogic_epi32(_mm512_srli_epi32(q[g], 2), m3, _mm512_and_si512(h1, b2), kLowOrHigh);
-      w[2][g] = _mm512_ternarylogic_epi32(_mm512_srli_epi32(q[g], 4), m3, _mm512_and_si512(h2, b2), kLowOrHigh);
-      w[3][g] = _mm512_ternarylogic_epi32(_mm512_srli_epi32(q[g], 6), m3, _mm512_and_si512(h3, b2), kLowOrHigh);
+      w[0][g] = _mm512_ternarylogic_epi32(q[g], m3, _mm512_and_si512(high_bit<4 * H>(m[g]), b2), kLowOrHigh);
+      w[1][g] = _mm512_ternarylogic_epi32(_mm512_srli_epi32(q[g], 2), m3, _mm512_and_si512(high_bit<4 * H + 1>(m[g]), b2),
+                                          kLowOrHigh);
+      w[2][g] = _mm512_ternarylogic_epi32(_mm512_srli_epi32(q[g], 4), m3, _mm512_and_si512(high_bit<4 * H + 2>(m[g]), b2),
+                                          kLowOrHigh);
+      w[3][g] = _mm512_ternarylogic_epi32(_mm512_srli_epi32(q[g], 6), m3, _mm512_and_si512(high_bit<4 * H + 3>(m[g]), b2),
+                                          kLowOrHigh);
+    }
+  }
+  template <class Src>
+  static EF_INLINE void codes(const Src& P, int64_t step, __m512i w[][8]) {
+    const size_t base = static_cast<size_t>(step / 2) * kBB;
+    if (step % 2) {
+      half_codes<1>(P, base, w);
+    } else {
+      half_codes<0>(P, base, w);
     }
   }
 };
