@@ -26,7 +26,7 @@ class FormatInfo:
     row_header: int  # bytes before the first block of each row (q4_lut's level table)
     quantized: bool  # integer codes (run on Q8 activations) rather than floats
     runs: bool  # the kernels run it; other formats are converted when a model loads
-    quantizable: bool  # quantize() can write it (K-quants come from GGUF files as they are)
+    quantizable: bool  # quantize() can write it (K-quants other than q3_k come from GGUF files as they are)
 
     def row_bytes(self, cols: int) -> int:
         if cols % self.block_elems:
@@ -50,7 +50,9 @@ QUANTIZABLE = tuple(name for name, f in FORMATS.items() if f.quantizable)
 # KV cache formats: f16, q8_0 (a GGML q8_0 row per vector) and kivi2 (KIVI's 2-bit cache, kernels/attention.py).
 KV_FORMATS = ("f16", "q8_0", "kivi2")
 # What a model's wider matrices may be requantized to at load (`edgeflash.load(requantize=...)`).
-REQUANTIZE_FORMATS = ("q4_0", "q8_0")
+REQUANTIZE_FORMATS = ("q4_0", "q8_0", "q3_k")
+# A matrix whose rows do not split into the target's blocks (q3_k: 256 values) gets this instead.
+REQUANTIZE_FALLBACK = "q4_0"
 
 
 def format_info(fmt: object) -> FormatInfo:

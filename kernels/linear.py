@@ -142,7 +142,8 @@ def quantize(w: object, fmt: str) -> np.ndarray:
     """uint8 [rows, row_bytes] of a float32 matrix [rows, cols] (a 1-D row gives a 1-D result).
 
     q8_0, q4_0, q4_1 and q5_0 round exactly like ggml (bit-identical with llama.cpp's files);
-    q4_lut fits 16 levels per row by 1-D k-means; f16/f32 are plain conversions.
+    q4_lut fits 16 levels per row by 1-D k-means; q3_k (rows a multiple of 256) fits a
+    least-squares scale per 16 values under 6-bit scales; f16/f32 are plain conversions.
     """
     format_info(fmt)
     if fmt not in QUANTIZABLE:

@@ -18,7 +18,7 @@ import numpy as np
 from edgeflash import kernels
 from edgeflash.base.errors import ModelFormatError, UserError
 from edgeflash.kernels import _native
-from edgeflash.kernels.formats import KERNEL_FORMATS, REQUANTIZE_FORMATS, get_format
+from edgeflash.kernels.formats import KERNEL_FORMATS, REQUANTIZE_FALLBACK, REQUANTIZE_FORMATS, get_format
 from edgeflash.runtime.bundle.arena import ArenaTensor
 from edgeflash.runtime.distributed.shard import vocab_rows
 from edgeflash.runtime.native_config import engine_options, engine_shape, layer_shapes
@@ -97,8 +97,10 @@ class NativeEngine:
                  options: _native.EngineOptions | None = None, requantize: str | None = None, **option_args: Any):
         """`options` (runtime/native_config.engine_options), or the arguments to build them
         (`context_length`, `max_batch`, `kv_format`, `activations`, `head_chunk`). `requantize`
-        (q4_0 or q8_0): every matrix stored with more bits per weight, or in a format the kernels do
-        not run, is converted to it at load (the embedding rows, read one per token, stay as they are)."""
+        (q4_0, q8_0 or q3_k): every matrix stored with more bits per weight, or in a format the kernels
+        do not run, is converted to it at load (the embedding rows, read one per token, stay as they
+        are). q3_k needs rows of a multiple of 256 values: other matrices get q4_0 instead (when
+        they are wider than it), listed in `conversions` and in the stats' `converted_formats`."""
         if requantize is not None and requantize not in REQUANTIZE_FORMATS:
             raise UserError(f"requantize = {requantize!r}: expected one of {', '.join(REQUANTIZE_FORMATS)}")
         self.requantize = requantize
@@ -166,13 +168,19 @@ class NativeEngine:
         if fmt not in KERNEL_FORMATS:
             target = "q8_0" if tensor.cols % 32 == 0 else "f16"
         shared_head = not embedding or self.spec.tied_embeddings  # an untied embedding only gives rows
-        if (self.requantize and shared_head and tensor.cols % 32 == 0
-                and (target or get_format(fmt).bits_per_weight > get_format(self.requantize).bits_per_weight)):
-            target = self.requantize
+        wanted = self.requantize
+        if wanted and tensor.cols % get_format(wanted).block_elems:
+            wanted = REQUANTIZE_FALLBACK
+        if (wanted and shared_head and tensor.cols % 32 == 0
+                and (target or get_format(fmt).bits_per_weight > get_format(wanted).bits_per_weight)):
+            target = wanted
         if target is None:
             return np.ascontiguousarray(raw), fmt, tensor.rows, tensor.cols
         raw = self._convert(tensor, target)
         self.conversions[tensor.name] = f"{fmt}->{target}"
+        if wanted != self.requantize and target == wanted:  # the fallback
+            self.conversions[tensor.name] += f" ({tensor.cols} columns: {self.requantize} needs a multiple of "\
+                                             f"{get_format(self.requantize).block_elems})"
         self.weight_bytes += raw.nbytes - tensor.nbytes
         return raw, target, tensor.rows, tensor.cols
 
@@ -282,6 +290,10 @@ class NativeEngine:
             out.update({"flash_bytes_read": reader.bytes_read, "io_wait_s": round(reader.wait_s, 6)})
         if self.conversions:
             out["converted_tensors"] = len(self.conversions)
+            kinds: dict[str, int] = {}  # {"q4_k->q3_k": 168, "q4_1->q4_0 (576 columns: q3_k needs ...)": 30}
+            for how in self.conversions.values():
+                kinds[how] = kinds.get(how, 0) + 1
+            out["converted_formats"] = kinds
         out.update(self.weights.stats(self))
         return out
 

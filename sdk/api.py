@@ -46,9 +46,11 @@ def load(model: str | Path = "default", *, memory_budget: str | int | None = Non
     (lookup, and a smaller model with the same tokenizer if one of the model aliases on this machine
     is one) or "auto:PATH" (lookup and that draft model). Lossless: greedy output is unchanged and
     sampling keeps the model's distribution.
-    requantize: "q4_0" or "q8_0": without a memory budget, every weight matrix stored with more bits
-    per weight is converted to this format at load (a GGUF's 5-, 6- and 8-bit matrices to q4_0, say):
-    fewer bytes read per token, so faster decoding, at a quality cost to measure
+    requantize: "q4_0", "q8_0" or "q3_k": without a memory budget, every weight matrix stored with more
+    bits per weight is converted to this format at load (a GGUF's 5-, 6- and 8-bit matrices to q4_0,
+    say; q3_k needs rows of a multiple of 256 values, other matrices get q4_0 and
+    stats["converted_formats"] lists them): fewer bytes read per token, so faster decoding, at a
+    quality cost to measure
     (benchmarks/engine/side_by_side.py prints perplexity beside speed). None keeps the file's formats."""
     return Model(load_model(resolve_model(model), memory_budget=memory_budget, threads=threads, engine=engine,
                             context_length=context_length, strategy=strategy, activations=activations,

@@ -12,6 +12,11 @@ divided by the measured read bandwidth: the fastest a token can be with every we
 
   python benchmarks/engine/decode_profile.py                     # both models, 2 threads
   python benchmarks/engine/decode_profile.py --models smollm2-135m --rounds 5
+  python benchmarks/engine/decode_profile.py --models qwen2.5-coder-1.5b --requantize q4_0,q3_k --rounds 5
+
+--requantize loads each model once per listed format (`edgeflash.load(requantize=...)`, "none" for
+the file's formats) in the same process, runs their rounds interleaved and prints each one's decode
+time as a ratio to the first's: a load on the machine that comes and goes falls on all of them.
 """
 
 from __future__ import annotations
@@ -48,27 +53,36 @@ def gemv_pass(engine) -> Callable[[], None]:
     return run
 
 
-def profile(alias: str, threads: int, rounds: int, bandwidth: float) -> dict:
-    import edgeflash as ef
-    from edgeflash.export.corpus import heldout_windows
+class Profile:
+    """One model (with one `requantize` choice) loaded, measured a round at a time."""
 
-    model = ef.load(alias, threads=threads, context_length=1024)
-    engine = model.engine
-    ids = model.encode(heldout_windows(1, chars_per_window=6 * PROMPT_TOKENS, offset_chars=50_000)[0])[:PROMPT_TOKENS]
-    run_gemv = gemv_pass(engine)
-    samples = {"generate": [], "forward": [], "gemv": []}
-    forward = engine.forward
-    spent: list[float] = []
+    def __init__(self, alias: str, threads: int, requantize: str | None):
+        import edgeflash as ef
+        from edgeflash.export.corpus import heldout_windows
 
-    def timed_forward(tokens, **kw):  # the same calls generate makes, timed inside the same run
-        t0 = time.perf_counter()
-        out = forward(tokens, **kw)
-        if len(tokens) == 1:
-            spent.append(time.perf_counter() - t0)
-        return out
+        self.alias, self.requantize = alias, requantize
+        self.model = ef.load(alias, threads=threads, context_length=1024, requantize=requantize)
+        self.engine = self.model.engine
+        text = heldout_windows(1, chars_per_window=6 * PROMPT_TOKENS, offset_chars=50_000)[0]
+        self.ids = self.model.encode(text)[:PROMPT_TOKENS]
+        self.weight_bytes = self.engine.weight_bytes  # before gemv_pass converts its own copies again
+        self.run_gemv = gemv_pass(self.engine)
+        self.samples: dict[str, list[float]] = {"generate": [], "forward": [], "gemv": []}
+        self.spent: list[float] = []
+        forward = self.engine.forward
 
-    engine.forward = timed_forward
-    for _ in range(rounds):
+        def timed_forward(tokens, **kw):  # the same calls generate makes, timed inside the same run
+            t0 = time.perf_counter()
+            out = forward(tokens, **kw)
+            if len(tokens) == 1:
+                self.spent.append(time.perf_counter() - t0)
+            return out
+
+        self.engine.forward = timed_forward
+
+    def round(self) -> None:
+        model, engine, spent, samples, run_gemv = self.model, self.engine, self.spent, self.samples, self.run_gemv
+        ids = self.ids
         engine.reset()
         spent.clear()
         stats = model.generate(ids, max_tokens=DECODE_TOKENS).stats
@@ -83,9 +97,12 @@ def profile(alias: str, threads: int, rounds: int, bandwidth: float) -> dict:
             run_gemv()
             times.append(time.perf_counter() - t0)
         samples["gemv"].append(statistics.median(times))
-    t = {k: statistics.median(v) for k, v in samples.items()}
-    return {"model": alias, "weight_bytes": engine.weight_bytes, **{f"{k}_ms": v * 1e3 for k, v in t.items()},
-            "roofline_ms": engine.weight_bytes / bandwidth * 1e3, "loadavg": os.getloadavg()[0]}
+
+    def result(self, bandwidth: float) -> dict:
+        t = {k: statistics.median(v) for k, v in self.samples.items()}
+        return {"model": self.alias, "requantize": self.requantize or "none", "weight_bytes": self.weight_bytes,
+                **{f"{k}_ms": v * 1e3 for k, v in t.items()},
+                "roofline_ms": self.weight_bytes / bandwidth * 1e3, "loadavg": os.getloadavg()[0]}
 
 
 def main() -> None:
@@ -93,6 +110,9 @@ def main() -> None:
     parser.add_argument("--models", nargs="+", default=["smollm2-135m", "gemma3-270m"])
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--requantize", default="none",
+                        help="comma-separated requantize formats to load each model with ('none': the file's "
+                             "formats), rounds interleaved (default: none)")
     args = parser.parse_args()
     import edgeflash.kernels as kernels
     from edgeflash.kernels.bench import read_bandwidth
@@ -100,15 +120,29 @@ def main() -> None:
     kernels.set_num_threads(args.threads)
     bandwidth = read_bandwidth(args.threads) * 1e9
     print(f"memory read bandwidth, {args.threads} threads: {bandwidth / 1e9:.1f} GB/s")
-    print("| model | weights MB | roofline ms/token | generate ms/token (tok/s) | C++ forward ms | GEMV only ms "
-          "| other ops ms | Python ms | forward at % of roofline | load |")
-    print("|---|---|---|---|---|---|---|---|---|---|")
+    print("| model | requantize | weights MB | roofline ms/token | generate ms/token (tok/s) | decode vs first "
+          "| C++ forward ms | GEMV only ms | other ops ms | Python ms | forward at % of roofline | load |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
+    choices = [None if q == "none" else q for q in args.requantize.split(",")]
     for alias in args.models:
-        r = profile(alias, args.threads, args.rounds, bandwidth)
-        print(f"| {alias} | {r['weight_bytes'] / 1e6:.1f} | {r['roofline_ms']:.2f} | {r['generate_ms']:.2f} "
-              f"({1e3 / r['generate_ms']:.0f}) | {r['forward_ms']:.2f} | {r['gemv_ms']:.2f} | "
-              f"{r['forward_ms'] - r['gemv_ms']:.2f} | {r['generate_ms'] - r['forward_ms']:.2f} | "
-              f"{r['roofline_ms'] / r['forward_ms']:.0%} | {r['loadavg']:.1f} |", flush=True)
+        profiles = [Profile(alias, args.threads, q) for q in choices]
+        for _ in range(args.rounds):
+            for p in profiles:
+                p.round()
+        first = None
+        for p in profiles:
+            r = p.result(bandwidth)
+            first = first or r
+            print(f"| {alias} | {r['requantize']} | {r['weight_bytes'] / 1e6:.1f} | {r['roofline_ms']:.2f} | "
+                  f"{r['generate_ms']:.2f} ({1e3 / r['generate_ms']:.0f}) | "
+                  f"{first['generate_ms'] / r['generate_ms']:.2f}x | {r['forward_ms']:.2f} | "
+                  f"{r['gemv_ms']:.2f} | {r['forward_ms'] - r['gemv_ms']:.2f} | "
+                  f"{r['generate_ms'] - r['forward_ms']:.2f} | {r['roofline_ms'] / r['forward_ms']:.0%} | "
+                  f"{r['loadavg']:.1f} |", flush=True)
+            if len(profiles) > 1:
+                rounds = ", ".join(f"{a / b:.2f}" for a, b in zip(profiles[0].samples["generate"],
+                                                                   p.samples["generate"], strict=True))
+                print(f"|   per-round decode vs first: {rounds} |", flush=True)
 
 
 if __name__ == "__main__":

@@ -55,7 +55,10 @@ def weight_bytes_per_token(engine) -> dict[str, int]:
 
     spec, tensors = engine.spec, engine.source.tensors
 
-    def held(t) -> int:  # storage-only formats are converted at load (native_engine._matrix)
+    def held(t) -> int:  # storage-only formats, and with requantize wider ones, are converted at load
+        done = engine.conversions.get(t.name)  # "q4_k->q3_k", "q4_1->q4_0 (576 columns: ...)"
+        if done:
+            return t.rows * row_bytes(done.split("->")[1].split()[0], t.cols)
         if t.fmt in KERNEL_FORMATS:
             return t.nbytes
         return t.rows * row_bytes("q8_0" if t.cols % 32 == 0 else "f16", t.cols)
@@ -141,7 +144,9 @@ def profile_model(name: str, source_kind: str, path: Path, args, bandwidth: dict
     import edgeflash as ef
     from edgeflash.export.corpus import heldout_windows
 
-    model = ef.load(str(path), threads=args.threads, activations=args.activations, context_length=2048)
+    requantize = source_kind.split(":", 1)[1] if source_kind.startswith("gguf:") else None
+    model = ef.load(str(path), threads=args.threads, activations=args.activations, context_length=2048,
+                    requantize=requantize)
     engine = model.engine
     text = heldout_windows(1, chars_per_window=8 * args.prompt_tokens, offset_chars=50_000)[0]
     ids = model.encode(text)[: args.prompt_tokens]
@@ -274,7 +279,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument(
         "-m", "--model", action="append", help="model alias or GGUF path (repeatable; default: all four)"
     )
-    p.add_argument("--sources", default="gguf,q4_0", help="gguf and/or q4_0 (the bundle), comma-separated")
+    p.add_argument("--sources", default="gguf,q4_0",
+                   help="gguf, gguf:FORMAT (the GGUF with requantize=FORMAT) and/or q4_0 (the bundle), "
+                        "comma-separated")
     p.add_argument(
         "--export",
         action="store_true",
@@ -304,7 +311,7 @@ def main(argv: list[str] | None = None) -> int:
     results = []
     for name in names:
         for kind in sources:
-            if kind == "gguf":
+            if kind.split(":")[0] == "gguf":
                 path = gguf_path(name)
             else:
                 path = ensure_bundle(name, kind, export=args.export)

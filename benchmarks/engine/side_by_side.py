@@ -18,7 +18,8 @@ tokenizer from the GGUF): the same prompt, the same perplexity windows.
 
 Configurations: gguf-q8 (the GGUF as it is, Q8 activations like llama.cpp's), gguf-q8x2 (the
 default activations, about 16-bit), gguf-q4_0 (the GGUF with its wider matrices requantized to
-q4_0 at load, `edgeflash.load(..., requantize="q4_0")`, Q8 activations), bundle-q8 (the bundle from
+q4_0 at load, `edgeflash.load(..., requantize="q4_0")`, Q8 activations), gguf-q3_k (the same with
+requantize="q3_k": matrices of a multiple of 256 columns to q3_k, the others to q4_0), bundle-q8 (the bundle from
 `edgeflash export --quant q4_0`, or of the scheme --bundle-quant names, see bench_models.py;
 --export writes missing ones), llamacpp (llama-cpp-python on the GGUF, from the benchmark
 environment: bash benchmarks/peers/setup-env.sh, or --llama-python), llamacpp-passive (the same with OMP_WAIT_POLICY=PASSIVE: its OpenMP threads
@@ -43,7 +44,7 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[1]
-CONFIGS = ("gguf-q8", "gguf-q8x2", "gguf-q4_0", "bundle-q8", "llamacpp", "llamacpp-passive", "executorch")
+CONFIGS = ("gguf-q8", "gguf-q8x2", "gguf-q4_0", "gguf-q3_k", "bundle-q8", "llamacpp", "llamacpp-passive", "executorch")
 LLAMACPP = ("llamacpp", "llamacpp-passive")
 # executorch: the model's 8da4w XNNPACK .pte from benchmarks/peers/export_executorch.py, driven through
 # its `forward` method by executorch.runtime in the benchmark environment (see worker_executorch).
@@ -346,7 +347,7 @@ def main(argv: list[str] | None = None) -> int:
                 "path": str(path),
                 "threads": args.threads,
                 "activations": "q8x2" if c == "gguf-q8x2" else "q8",
-                "requantize": "q4_0" if c == "gguf-q4_0" else None,
+                "requantize": {"gguf-q4_0": "q4_0", "gguf-q3_k": "q3_k"}.get(c),
                 "prompt": ids["prompt"],
                 "windows": ids["windows"],
                 "decode_tokens": args.decode_tokens,

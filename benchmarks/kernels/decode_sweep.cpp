@@ -75,6 +75,7 @@ void fill_random(ef::Format f, int64_t rows, int64_t cols, uint8_t* w, std::mt19
         case ef::Format::q5_0: put_half(blk, 0.01f); break;
         case ef::Format::q4_k: put_half(blk, 0.001f), put_half(blk + 2, 0.001f); break;
         case ef::Format::q6_k: put_half(blk + 208, 0.0002f); break;
+        case ef::Format::q3_k: put_half(blk + 108, 0.0002f); break;
         default: break;
       }
     }

@@ -6,7 +6,7 @@ a version, so a bundle records exactly how it was made and other exporters (Exec
 Core ML) can read the same object.
 
 Formats: `keep` (the source tensor's bytes, unchanged), `f32`, `f16`, `q8_0`, `q4_0`, `q4_1`,
-`q5_0`, `q4_k` (GGML block layouts) and `q4_lut` (per-row 16-level table, docs/weight-formats.md).
+`q5_0`, `q4_k`, `q3_k` (GGML block layouts) and `q4_lut` (per-row 16-level table, docs/weight-formats.md).
 Methods: `copy` (keep), `rtn` (round to nearest, ggml's rounding), `weighted` (calibrated: the
 quantization error of each column is weighted by E[x^2] of the activations that multiply it,
 measured on calibration text; for q4_lut this is a weighted per-row k-means).
@@ -24,7 +24,7 @@ from edgeflash.export.quant.roles import ROLES, role_of
 from edgeflash.kernels.formats import get_format
 
 CONFIG_VERSION = 1
-RULE_FORMATS = ("keep", "f32", "f16", "q8_0", "q4_0", "q4_1", "q5_0", "q4_k", "q4_lut")
+RULE_FORMATS = ("keep", "f32", "f16", "q8_0", "q4_0", "q4_1", "q5_0", "q4_k", "q3_k", "q4_lut")
 METHODS = ("copy", "rtn", "weighted")
 # Formats whose blocks are 32 values along a row: the ones a neuron arena (rows of d_model) can use.
 ARENA_FORMATS = ("f32", "f16", "q8_0", "q4_0", "q4_1", "q5_0", "q4_lut")
@@ -32,7 +32,7 @@ ARENA_FORMATS = ("f32", "f16", "q8_0", "q4_0", "q4_1", "q5_0", "q4_lut")
 # already a row of d_model values in its own format), where the arena kernels run that format;
 # the down columns, which no source stores, in q8_0 (partition.arena_formats).
 ARENA_KEEP = "keep"
-_BLOCK_GROUP = {"q8_0": 32, "q4_0": 32, "q4_1": 32, "q5_0": 32, "q4_k": 256}
+_BLOCK_GROUP = {"q8_0": 32, "q4_0": 32, "q4_1": 32, "q5_0": 32, "q4_k": 256, "q3_k": 256}
 
 
 class QuantConfigError(UserError):
@@ -63,7 +63,7 @@ class Rule:
             raise QuantConfigError(f"{where}: method 'weighted' needs a quantized format, not {self.format}")
         if self.role == "norm" and self.format not in ("keep", "f32"):
             raise QuantConfigError(f"{where}: norms stay f32 (or keep); {self.format} is not allowed")
-        if self.fallback in ("keep", "q4_k"):
+        if self.fallback in ("keep", "q4_k", "q3_k"):
             raise QuantConfigError(f"{where}: fallback must be a format every row length of 32 values can take, "
                                    f"not {self.fallback}")
         if self.group_size is not None:

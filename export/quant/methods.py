@@ -1,7 +1,7 @@
 """One entry point from float weights to packed bytes: `quantize_matrix(values, fmt, method, importance)`.
 
-`rtn` uses the native kernels' quantizers (ggml's rounding, bit-identical with llama.cpp) where
-they exist; q4_k, which the kernels only read, and every `weighted` method run in numpy here.
+`rtn` uses the native kernels' quantizers (ggml's rounding, bit-identical with llama.cpp, for the
+32-block formats; q3_k's least-squares fit) where they exist; q4_k, which the kernels only read, and every `weighted` method run in numpy here.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from edgeflash.export.quant.weighted import (
     quantize_weighted_q8_0,
 )
 
-_NATIVE_RTN = ("f32", "f16", "q8_0", "q4_0", "q4_1", "q5_0")
+_NATIVE_RTN = ("f32", "f16", "q8_0", "q4_0", "q4_1", "q5_0", "q3_k")
 _WEIGHTED = {
     "q4_0": quantize_weighted_q4_0, "q4_1": quantize_weighted_q4_1, "q5_0": quantize_weighted_q5_0,
     "q8_0": quantize_weighted_q8_0, "q4_k": quantize_q4_k, "q4_lut": quantize_q4_lut,

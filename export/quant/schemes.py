@@ -130,6 +130,8 @@ _uniform("q5_0", "q5_0", "weighted", "every matrix in q5_0 (5.5 bits per weight)
          "activation-weighted error")
 _uniform("q4_k", "q4_k", "weighted", "every matrix in q4_k (4.5 bits per weight); rows that are not a multiple "
          "of 256 values fall back to q5_0", fallback="q5_0")
+_uniform("q3_k", "q3_k", "rtn", "every matrix in q3_k (3.44 bits per weight), a least-squares scale per 16 "
+         "values; rows that are not a multiple of 256 values fall back to q4_0", fallback="q4_0")
 _uniform("q4_lut", "q4_lut", "weighted", "every matrix in q4_lut (16 levels per row, ~4.4 bits per weight) by "
          "sensitivity-weighted per-row k-means")
 register_scheme("q4_0-mixed", lambda: QuantConfig(

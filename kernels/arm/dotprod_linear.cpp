@@ -31,6 +31,7 @@ void install_neon_dotprod(KernelTable& t) {
   t.gemm_q8[int(Format::q5_0)].set(gemm_q8<DotCore, Q5_0>, n);
   t.gemm_q8[int(Format::q4_k)].set(gemm_q8<DotCore, Q4_K>, n);
   t.gemm_q8[int(Format::q6_k)].set(gemm_q8<DotCore, Q6_K>, n);
+  t.gemm_q8[int(Format::q3_k)].set(gemm_q8<DotCore, Q3_K>, n);
   t.gemm_q8[int(Format::q4_lut)].set(gemm_q8<DotCore, Q4_LUT>, n);
   t.gemm_q8_panels[int(Format::q8_0)].set(gemm_panels<DotCore, NQ8_0>, n);
   t.gemm_q8_panels[int(Format::q4_0)].set(gemm_panels<DotCore, NQ4_0>, n);
@@ -38,6 +39,7 @@ void install_neon_dotprod(KernelTable& t) {
   t.gemm_q8_panels[int(Format::q5_0)].set(gemm_panels<DotCore, NQ5_0>, n);
   t.gemm_q8_panels[int(Format::q4_k)].set(gemm_panels<DotCore, NQ4_K>, n);
   t.gemm_q8_panels[int(Format::q6_k)].set(gemm_panels<DotCore, NQ6_K>, n);
+  t.gemm_q8_panels[int(Format::q3_k)].set(gemm_panels<DotCore, NQ3_K>, n);
   t.gemm_q8_panels[int(Format::q4_lut)].set(gemm_panels_lut<DotCore>, n);
 }
 }  // namespace ef

@@ -138,5 +138,6 @@ void install_neon_i8mm(KernelTable& t) {
   t.gemm_q8_panels[int(Format::q5_0)].set(gemm_panels_mm<NQ5_0>, n);
   t.gemm_q8_panels[int(Format::q4_k)].set(gemm_panels_mm<NQ4_K>, n);
   t.gemm_q8_panels[int(Format::q6_k)].set(gemm_panels_mm<NQ6_K>, n);
+  t.gemm_q8_panels[int(Format::q3_k)].set(gemm_panels_mm<NQ3_K>, n);
 }
 }  // namespace ef

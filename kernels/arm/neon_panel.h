@@ -172,6 +172,38 @@ struct NQ6_K {
   }
 };
 
+// q3_k super-block: words 0-7 hmask, 8-23 qs, 24-26 the scale bytes, then d. Unit 4h + j: 2-bit
+// fields j of qs bytes 32h.., bit 4h + j of hmask as code bit 2; scales 8h + 2j and 8h + 2j + 1,
+// whose low nibbles h are bytes 2j, 2j + 1 of the scale bytes and whose high bit pairs 2h + j / 2
+// are bytes 8 + 2 (j % 2), + 1.
+struct NQ3_K {
+  static constexpr int kBB = 110, kShift = 2;
+  static constexpr bool kFloatBias = false, kSplit = true;
+  static inline void unit(const Group& G, int64_t u, int8x16_t w[8], UnitScales& sc) {
+    const size_t at = static_cast<size_t>(u / 8) * kBB;
+    const int h = static_cast<int>(u % 8) / 4, j = static_cast<int>(u % 4);
+    const float32x4_t d = G.half(at + 108);
+    const uint32x4_t sw = vreinterpretq_u32_u8(G.words(at + 96, j / 2)), hw = vreinterpretq_u32_u8(G.words(at + 96, 2));
+    const int b0 = 2 * (j % 2), hs = 2 * (2 * h + j / 2);
+    auto scale = [&](int byte) {
+      const uint32x4_t lo = vandq_u32(vshlq_u32(sw, vdupq_n_s32(-(8 * byte + 4 * h))), vdupq_n_u32(15));
+      const uint32x4_t hi = vandq_u32(vshlq_u32(hw, vdupq_n_s32(-(8 * byte + hs))), vdupq_n_u32(3));
+      const int32x4_t v = vsubq_s32(vreinterpretq_s32_u32(vorrq_u32(lo, vshlq_n_u32(hi, 4))), vdupq_n_s32(32));
+      return vmulq_f32(d, vcvtq_f32_s32(v));
+    };
+    sc.a = scale(b0);
+    sc.a_hi = scale(b0 + 1);
+    const int8x16_t qshift = vdupq_n_s8(static_cast<int8_t>(-2 * j));
+    const int8x16_t hshift = vdupq_n_s8(static_cast<int8_t>(2 - 4 * h - j));  // hmask bit 4h + j to bit 2
+    const uint8x16_t m3 = vdupq_n_u8(3), b2 = vdupq_n_u8(4);
+    for (int k = 0; k < 8; ++k) {
+      const uint8x16_t q = G.words(at + 32 + 32 * h, k);
+      const uint8x16_t m = G.words(at, k);
+      w[k] = s8(vorrq_u8(vandq_u8(vshlq_u8(q, qshift), m3), vandq_u8(vshlq_u8(m, hshift), b2)));
+    }
+  }
+};
+
 // Activation pointers of NT consecutive tokens.
 template <int NT>
 struct Tokens {

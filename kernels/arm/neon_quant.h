@@ -123,6 +123,41 @@ struct Q6_K {
   }
 };
 
+// q3_k super-block (110 bytes): hmask[32], qs[64], 12 bytes of 6-bit scales, d (fp16). Unit j of
+// half h takes the 2-bit fields j of qs bytes 32h..32h+31 and bit 4h + j of hmask as code bit 2
+// (codes 0..7, offset 4); its two 16-element halves have scales 8h + 2j and 8h + 2j + 1.
+struct Q3_K {
+  static constexpr int kBlockElems = 256, kBlockBytes = 110, kHeader = 0, kUnits = 8;
+  static constexpr bool kSigned = false, kSplit = true, kHasB = true;
+  static inline int8x16_t code(uint8x16_t q, uint8x16_t hm, int j, int half) {
+    const uint8x16_t low = vandq_u8(vshlq_u8(q, vdupq_n_s8(static_cast<int8_t>(-2 * j))), vdupq_n_u8(3));
+    // per-byte shift: hmask bit 4h + j to bit 2 (left when negative distance)
+    const uint8x16_t hb = vshlq_u8(hm, vdupq_n_s8(static_cast<int8_t>(2 - 4 * half - j)));
+    return vreinterpretq_s8_u8(vorrq_u8(low, vandq_u8(hb, vdupq_n_u8(4))));
+  }
+  template <int J, class E>
+  static inline void unit(const uint8_t* p, int half, const float* a, E& e) {
+    const uint8x16_t q0 = vld1q_u8(p + 32 + 32 * half), q1 = vld1q_u8(p + 48 + 32 * half);
+    const uint8x16_t h0 = vld1q_u8(p), h1 = vld1q_u8(p + 16);
+    const float alo = a[8 * half + 2 * J], ahi = a[8 * half + 2 * J + 1];
+    e.template unit<J & 1>(code(q0, h0, J, half), code(q1, h1, J, half), alo, ahi, -4.0f * alo, -4.0f * ahi);
+  }
+  template <int P, class E>
+  static inline void block(const uint8_t* p, const RowCtx&, E& e) {
+    const float d = h2f(p + 108);
+    int8_t sc[16];
+    unpack_q3_k_scales(p + 96, sc);
+    float a[16];
+    for (int k = 0; k < 16; ++k) a[k] = d * static_cast<float>(sc[k]);
+    for (int half = 0; half < 2; ++half) {
+      unit<0>(p, half, a, e);
+      unit<1>(p, half, a, e);
+      unit<2>(p, half, a, e);
+      unit<3>(p, half, a, e);
+    }
+  }
+};
+
 // Row header: f32 scale, 16 int8 levels; block: scale code k (value scale = scale * k^2), 16 bytes.
 struct Q4_LUT {
   static constexpr int kBlockElems = 32, kBlockBytes = kQ4LutBlockBytes, kHeader = kQ4LutHeaderBytes, kUnits = 1;

@@ -1,5 +1,5 @@
 // Scalar decoding of every quantized format into 32-element units: element k of a unit is
-//   w = a[h] * (c[k] - o) + b[h],  h = k / 16 (the half; only q6_k has two different halves).
+//   w = a[h] * (c[k] - o) + b[h],  h = k / 16 (the half; q6_k and q3_k have two different halves).
 // This one description feeds the reference GEMM, the reference dequantizer and the tests.
 #pragma once
 
@@ -25,6 +25,15 @@ inline void q4k_scale_min(const uint8_t* s, int j, int* sc, int* m) {
     *sc = (s[j + 4] & 0xF) | ((s[j - 4] >> 6) << 4);
     *m = (s[j + 4] >> 4) | ((s[j] >> 6) << 4);
   }
+}
+
+// The signed 6-bit scale k (0..15) of a q3_k super-block from its 12 scale bytes: the low 4 bits
+// are nibble k / 8 of byte k % 8, the high 2 bits are bits 2 (k / 4) of byte 8 + k % 4; stored
+// with an offset of 32.
+inline int q3k_scale(const uint8_t* s, int k) {
+  const int low = (s[k % 8] >> (4 * (k / 8))) & 15;
+  const int high = (s[8 + k % 4] >> (2 * (k / 4))) & 3;
+  return (low | (high << 4)) - 32;
 }
 
 // Calls fn(const Unit&) for each of the cols / 32 units of one row, in order.
@@ -101,6 +110,29 @@ void for_each_unit(Format f, const uint8_t* row, int64_t cols, Fn&& fn) {
             u.o = 32;
             u.a[0] = d * sc[8 * half + 2 * v];
             u.a[1] = d * sc[8 * half + 2 * v + 1];
+            u.b[0] = u.b[1] = 0.0f;
+            fn(u);
+          }
+        }
+      }
+      break;
+    case Format::q3_k:
+      // hmask[32] (bit 4h + j: the high bit of unit j of half h), qs[64] (2-bit fields, half h in
+      // bytes 32h..32h+31, unit j in bits 2j..2j+1), 12 scale bytes, d; codes 0..7 with offset 4.
+      for (int64_t b = 0; b < n_units / 8; ++b, row += 110) {
+        const uint8_t* hmask = row;
+        const uint8_t* qs = row + 32;
+        const float d = load_fp16(row + 108);
+        for (int half = 0; half < 2; ++half) {
+          for (int j = 0; j < 4; ++j) {
+            for (int k = 0; k < 32; ++k) {
+              const int low = (qs[32 * half + k] >> (2 * j)) & 3;
+              const int high = (hmask[k] >> (4 * half + j)) & 1;
+              u.c[k] = low | (high << 2);
+            }
+            u.o = 4;
+            u.a[0] = d * static_cast<float>(q3k_scale(row + 96, 8 * half + 2 * j));
+            u.a[1] = d * static_cast<float>(q3k_scale(row + 96, 8 * half + 2 * j + 1));
             u.b[0] = u.b[1] = 0.0f;
             fn(u);
           }

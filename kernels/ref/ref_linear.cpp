@@ -182,6 +182,7 @@ void install_linear(KernelTable& t) {
   t.gemm_q8[int(Format::q5_0)].set(gemm_q8<Format::q5_0>, n);
   t.gemm_q8[int(Format::q4_k)].set(gemm_q8<Format::q4_k>, n);
   t.gemm_q8[int(Format::q6_k)].set(gemm_q8<Format::q6_k>, n);
+  t.gemm_q8[int(Format::q3_k)].set(gemm_q8<Format::q3_k>, n);
   t.gemm_q8[int(Format::q4_lut)].set(gemm_q8<Format::q4_lut>, n);
   t.gemm_q8_panels[int(Format::q8_0)].set(gemm_q8_panels<Format::q8_0>, n);
   t.gemm_q8_panels[int(Format::q4_0)].set(gemm_q8_panels<Format::q4_0>, n);
@@ -189,6 +190,7 @@ void install_linear(KernelTable& t) {
   t.gemm_q8_panels[int(Format::q5_0)].set(gemm_q8_panels<Format::q5_0>, n);
   t.gemm_q8_panels[int(Format::q4_k)].set(gemm_q8_panels<Format::q4_k>, n);
   t.gemm_q8_panels[int(Format::q6_k)].set(gemm_q8_panels<Format::q6_k>, n);
+  t.gemm_q8_panels[int(Format::q3_k)].set(gemm_q8_panels<Format::q3_k>, n);
   t.gemm_q8_panels[int(Format::q4_lut)].set(gemm_q8_panels<Format::q4_lut>, n);
   t.gemm_f32[int(Format::f32)].set(gemm_f32<Format::f32>, n);
   t.gemm_f32[int(Format::f16)].set(gemm_f32<Format::f16>, n);
@@ -200,6 +202,7 @@ void install_linear(KernelTable& t) {
   t.dequant[int(Format::q5_0)].set(dequant<Format::q5_0>, n);
   t.dequant[int(Format::q4_k)].set(dequant<Format::q4_k>, n);
   t.dequant[int(Format::q6_k)].set(dequant<Format::q6_k>, n);
+  t.dequant[int(Format::q3_k)].set(dequant<Format::q3_k>, n);
   t.dequant[int(Format::q4_lut)].set(dequant<Format::q4_lut>, n);
   t.quantize_acts.set(quantize_acts, n);
   t.ffn_down[int(Format::f32)].set(ffn_down<Format::f32>, n);
@@ -210,6 +213,7 @@ void install_linear(KernelTable& t) {
   t.ffn_down[int(Format::q5_0)].set(ffn_down<Format::q5_0>, n);
   t.ffn_down[int(Format::q4_k)].set(ffn_down<Format::q4_k>, n);
   t.ffn_down[int(Format::q6_k)].set(ffn_down<Format::q6_k>, n);
+  t.ffn_down[int(Format::q3_k)].set(ffn_down<Format::q3_k>, n);
   t.ffn_down[int(Format::q4_lut)].set(ffn_down<Format::q4_lut>, n);
   t.columns_q8[int(Format::q8_0)].set(columns_q8_0, n);
   t.columns_q8_packed[int(Format::q8_0)].set(columns_q8_0_packed, n);

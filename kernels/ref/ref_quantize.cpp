@@ -81,6 +81,85 @@ void quantize_q5_0(const float* x, int64_t cols, uint8_t* out) {
   }
 }
 
+// q3_k (GGML layout: hmask[32], qs[64], 12 scale bytes, fp16 d; codes 0..7 stand for -4..3).
+// Per 16-element sub-block a scale s fitted by least squares: for each candidate step the codes
+// are rounded, s is the least-squares scale of those codes, and the candidate with the smallest
+// squared error wins. The 16 scales are then quantized to 6 signed bits under one d per
+// super-block (the largest-magnitude scale lands on -32; each integer scale is the nearest one or
+// a neighbour, whichever codes the sub-block with less error), and every code is rounded again
+// with the scale it will actually be multiplied by.
+constexpr float kQ3Steps[] = {2.5f, 2.75f, 3.0f, 3.25f, 3.5f, 3.75f, 4.0f, 4.5f};
+
+// The squared-error-minimizing scale of 16 values over a few code grids (0 for an all-zero block).
+float q3_k_subblock_scale(const float* x) {
+  float amax = 0.0f;
+  for (int k = 0; k < 16; ++k) amax = std::max(amax, std::fabs(x[k]));
+  if (amax == 0.0f) return 0.0f;
+  double best_err = 0.0, best = 0.0;
+  bool have = false;
+  for (float sign : {1.0f, -1.0f}) {  // a negative scale gives the 4th level to positive values
+    for (float step : kQ3Steps) {
+      const float inv = sign * step / amax;
+      double sxq = 0.0, sqq = 0.0, sxx = 0.0;
+      for (int k = 0; k < 16; ++k) {
+        const float q = std::clamp(std::nearbyint(x[k] * inv), -4.0f, 3.0f);
+        sxq += static_cast<double>(x[k]) * q, sqq += static_cast<double>(q) * q, sxx += static_cast<double>(x[k]) * x[k];
+      }
+      if (sqq == 0.0) continue;
+      const double s = sxq / sqq, err = sxx - sxq * s;  // error of the least-squares scale
+      if (!have || err < best_err) have = true, best_err = err, best = s;
+    }
+  }
+  return static_cast<float>(best);
+}
+
+int q3_k_code(float x, float ie) { return static_cast<int>(std::clamp(std::nearbyint(x * ie), -4.0f, 3.0f)) + 4; }
+
+// Squared error of 16 values coded with the effective scale eff (codes re-rounded to it).
+double q3_k_error(const float* x, float eff) {
+  const float ie = eff != 0.0f ? 1.0f / eff : 0.0f;
+  double err = 0.0;
+  for (int k = 0; k < 16; ++k) {
+    const double e = x[k] - static_cast<double>(eff) * (q3_k_code(x[k], ie) - 4);
+    err += e * e;
+  }
+  return err;
+}
+
+void quantize_q3_k(const float* x, int64_t cols, uint8_t* out) {
+  for (int64_t b = 0; b < cols / 256; ++b, x += 256, out += 110) {
+    std::memset(out, 0, 110);
+    float s[16];
+    for (int j = 0; j < 16; ++j) s[j] = q3_k_subblock_scale(x + 16 * j);
+    const float smax = signed_absmax(s, 16);
+    store_fp16(out + 108, smax / -32.0f);
+    const float d = load_fp16(out + 108), id = d != 0.0f ? 1.0f / d : 0.0f;
+    uint8_t* hmask = out;
+    uint8_t* qs = out + 32;
+    uint8_t* scales = out + 96;
+    for (int j = 0; j < 16; ++j) {
+      // the integer scale nearest s / d, or a neighbour when its re-rounded codes fit better
+      const int nearest = static_cast<int>(std::clamp(std::nearbyint(s[j] * id), -32.0f, 31.0f));
+      int sc = nearest;
+      double best_err = -1.0;
+      for (int c = std::max(-32, nearest - 1); c <= std::min(31, nearest + 1); ++c) {
+        const double err = q3_k_error(x + 16 * j, d * static_cast<float>(c));
+        if (best_err < 0.0 || err < best_err) best_err = err, sc = c;
+      }
+      const int v = sc + 32;  // low nibble in byte j % 8 (nibble j / 8), high bits in byte 8 + j % 4 (pair j / 4)
+      scales[j % 8] |= static_cast<uint8_t>((v & 15) << (4 * (j / 8)));
+      scales[8 + j % 4] |= static_cast<uint8_t>((v >> 4) << (2 * (j / 4)));
+      const float eff = d * static_cast<float>(sc), ie = eff != 0.0f ? 1.0f / eff : 0.0f;
+      for (int k = 0; k < 16; ++k) {
+        const int e = 16 * j + k, half = e / 128, unit = (e % 128) / 32, l = e % 32;
+        const int code = q3_k_code(x[e], ie);
+        qs[32 * half + l] |= static_cast<uint8_t>((code & 3) << (2 * unit));
+        hmask[l] |= static_cast<uint8_t>((code >> 2) << (4 * half + unit));
+      }
+    }
+  }
+}
+
 // q4_lut per row (docs/weight-formats.md): 16 int8 levels, f32 scale s, per block of 32 a code k
 // with block scale s * k^2. The fit (edgeflash.export.quant.q4_lut describes it step by step):
 // levels from a 1-D k-means over the block-normalized values u = x / d_b on a histogram of
@@ -258,7 +337,7 @@ void quantize_q4_lut_rows(const float* x, int64_t rows, int64_t cols, const floa
 bool can_quantize(Format f) {
   switch (f) {
     case Format::f32: case Format::f16: case Format::q8_0: case Format::q4_0: case Format::q4_1:
-    case Format::q5_0: case Format::q4_lut:
+    case Format::q5_0: case Format::q4_lut: case Format::q3_k:
       return true;
     default:
       return false;
@@ -279,6 +358,7 @@ void quantize_rows(const float* x, int64_t rows, int64_t cols, Format fmt, uint8
     case Format::q4_1: fn = quantize_q4_1; break;
     case Format::q5_0: fn = quantize_q5_0; break;
     case Format::q4_lut: fn = quantize_q4_lut; break;
+    case Format::q3_k: fn = quantize_q3_k; break;
     case Format::f32:
       std::memcpy(out, x, rb * rows);
       return;

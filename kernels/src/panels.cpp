@@ -41,6 +41,7 @@ PanelFields panel_fields(Format f) {
     case Format::q5_0: return {3, {{0, 2, 2}, {2, 4, 4}, {6, 16, 4}}};         // d, qh, qs
     case Format::q4_k: return {1, {{0, 144, 4}}};                              // d|dmin, scales, qs: all words
     case Format::q6_k: return {2, {{0, 208, 4}, {208, 2, 2}}};                 // ql, qh, scales; d
+    case Format::q3_k: return {2, {{0, 108, 4}, {108, 2, 2}}};                 // hmask, qs, scales; d
     default: return {0, {}};
   }
 }

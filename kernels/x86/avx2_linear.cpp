@@ -35,6 +35,7 @@ void install_avx2(KernelTable& t) {
   t.gemm_q8[int(Format::q5_0)].set(gemm_q8<Avx2Core, Q5_0>, n);
   t.gemm_q8[int(Format::q4_k)].set(gemm_q8<Avx2Core, Q4_K>, n);
   t.gemm_q8[int(Format::q6_k)].set(gemm_q8<Avx2Core, Q6_K>, n);
+  t.gemm_q8[int(Format::q3_k)].set(gemm_q8<Avx2Core, Q3_K>, n);
   t.gemm_q8[int(Format::q4_lut)].set(gemm_q8<Avx2Core, Q4_LUT>, n);
   t.gemm_q8_panels[int(Format::q8_0)].set(gemm_panels<AQ8_0>, n);
   t.gemm_q8_panels[int(Format::q4_0)].set(gemm_panels<AQ4_0>, n);
@@ -42,6 +43,7 @@ void install_avx2(KernelTable& t) {
   t.gemm_q8_panels[int(Format::q5_0)].set(gemm_panels<AQ5_0>, n);
   t.gemm_q8_panels[int(Format::q4_k)].set(gemm_panels<AQ4_K>, n);
   t.gemm_q8_panels[int(Format::q6_k)].set(gemm_panels<AQ6_K>, n);
+  t.gemm_q8_panels[int(Format::q3_k)].set(gemm_panels<AQ3_K>, n);
   t.gemm_q8_panels[int(Format::q4_lut)].set(gemm_panels_lut, n);
   t.gemm_f32[int(Format::f32)].set(gemm_f<false>, n);
   t.gemm_f32[int(Format::f16)].set(gemm_f<true>, n);
@@ -53,6 +55,7 @@ void install_avx2(KernelTable& t) {
   t.dequant[int(Format::q5_0)].set(dequant<Q5_0>, n);
   t.dequant[int(Format::q4_k)].set(dequant<Q4_K>, n);
   t.dequant[int(Format::q6_k)].set(dequant<Q6_K>, n);
+  t.dequant[int(Format::q3_k)].set(dequant<Q3_K>, n);
   t.dequant[int(Format::q4_lut)].set(dequant<Q4_LUT>, n);
   t.ffn_down[int(Format::f32)].set(ffn_down_f<false>, n);
   t.ffn_down[int(Format::f16)].set(ffn_down_f<true>, n);
@@ -62,6 +65,7 @@ void install_avx2(KernelTable& t) {
   t.ffn_down[int(Format::q5_0)].set(ffn_down<Q5_0>, n);
   t.ffn_down[int(Format::q4_k)].set(ffn_down<Q4_K>, n);
   t.ffn_down[int(Format::q6_k)].set(ffn_down<Q6_K>, n);
+  t.ffn_down[int(Format::q3_k)].set(ffn_down<Q3_K>, n);
   t.ffn_down[int(Format::q4_lut)].set(ffn_down<Q4_LUT>, n);
   t.quantize_acts.set(quantize_acts, n);
   void install_avx2_ops(KernelTable & t);

@@ -162,6 +162,39 @@ struct AQ6_K {
   }
 };
 
+// q3_k super-block: word 0-7 hmask, 8-23 qs, 24-26 the scale bytes, then d. Unit 4h + j: 2-bit
+// fields j of qs bytes 32h.., bit 4h + j of hmask as code bit 2; scales 8h + 2j and 8h + 2j + 1,
+// whose low nibbles h are bytes 2j, 2j + 1 of the scale bytes and whose high bit pairs 2h + j / 2
+// are bytes 8 + 2 (j % 2), + 1.
+struct AQ3_K {
+  static constexpr int kBB = 110, kShift = 2;
+  static constexpr bool kSigned = false, kFloatBias = false, kSplit = true;
+  static inline void unit(const Group& G, int64_t u, __m256i w[8], UnitScales& sc) {
+    const size_t at = static_cast<size_t>(u / 8) * kBB;
+    const int h = static_cast<int>(u % 8) / 4, j = static_cast<int>(u % 4);
+    const __m256 d = G.half(at + 108);
+    const __m256i sw = G.words(at + 96, j / 2), hw = G.words(at + 96, 2);
+    const int b0 = 2 * (j % 2), hs = 2 * (2 * h + j / 2);
+    const __m256i m4 = _mm256_set1_epi32(15), m2 = _mm256_set1_epi32(3), off = _mm256_set1_epi32(32);
+    auto scale = [&](int byte) {
+      const __m256i lo = _mm256_and_si256(_mm256_srlv_epi32(sw, _mm256_set1_epi32(8 * byte + 4 * h)), m4);
+      const __m256i hi = _mm256_and_si256(_mm256_srlv_epi32(hw, _mm256_set1_epi32(8 * byte + hs)), m2);
+      const __m256i v = _mm256_sub_epi32(_mm256_or_si256(lo, _mm256_slli_epi32(hi, 4)), off);
+      return _mm256_mul_ps(d, _mm256_cvtepi32_ps(v));
+    };
+    sc.a = scale(b0);
+    sc.a_hi = scale(b0 + 1);
+    const int s = 4 * h + j - 2;  // hmask bit 4h + j to bit 2 (16-bit shifts: no byte mixes in)
+    const __m256i m3 = _mm256_set1_epi8(3), b2 = _mm256_set1_epi8(4);
+    for (int k = 0; k < 8; ++k) {
+      const __m256i q = G.words(at + 32 + 32 * h, k);
+      const __m256i m = G.words(at, k);
+      const __m256i hb = s >= 0 ? _mm256_srli_epi16(m, s) : _mm256_slli_epi16(m, -s);
+      w[k] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(q, 2 * j), m3), _mm256_and_si256(hb, b2));
+    }
+  }
+};
+
 template <int NT>
 struct Tokens {
   const int8_t* q[NT];

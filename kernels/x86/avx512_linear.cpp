@@ -15,6 +15,7 @@ void install_avx512(KernelTable& t) {
   t.gemm_q8[int(Format::q5_0)].set(gemm_q8_panels<PQ5_0>, n);
   t.gemm_q8[int(Format::q4_k)].set(gemm_q8_panels<PQ4_K>, n);
   t.gemm_q8[int(Format::q6_k)].set(gemm_q8_panels<PQ6_K>, n);
+  t.gemm_q8[int(Format::q3_k)].set(gemm_q8_panels<PQ3_K>, n);
   t.gemm_q8[int(Format::q4_lut)].set(gemm_q8_panels<PQ4_LUT>, n);
   t.gemm_q8_panels[int(Format::q8_0)].set(gemm_q8_packed<PQ8_0>, n);
   t.gemm_q8_panels[int(Format::q4_0)].set(gemm_q8_packed<PQ4_0>, n);
@@ -22,6 +23,7 @@ void install_avx512(KernelTable& t) {
   t.gemm_q8_panels[int(Format::q5_0)].set(gemm_q8_packed<PQ5_0>, n);
   t.gemm_q8_panels[int(Format::q4_k)].set(gemm_q8_packed<PQ4_K>, n);
   t.gemm_q8_panels[int(Format::q6_k)].set(gemm_q8_packed<PQ6_K>, n);
+  t.gemm_q8_panels[int(Format::q3_k)].set(gemm_q8_packed<PQ3_K>, n);
   t.gemm_q8_panels[int(Format::q4_lut)].set(gemm_q8_packed_lut, n);
   void install_avx512_ops(KernelTable & t);
   install_avx512_ops(t);

@@ -477,6 +477,86 @@ struct PQ6_K {
   }
 };
 
+// q3_k super-block (110 bytes): hmask[32], qs[64], 12 scale bytes, d (fp16). Half h (128
+// elements) is units 4h + j, j = 0..3: 2-bit fields j of qs bytes 32h..32h+31 with bit 4h + j of
+// hmask as code bit 2 (codes 0..7, offset 4).
+struct PQ3_K {
+  static constexpr int kBB = 110, kHeader = 0, kStepUnits = 4, kSV = 2, kShift = 2;
+  static constexpr bool kFloatBias = false, kSplit = true;
+  template <class Src>
+  static EF_INLINE void scales(const Src& P, int64_t u0, int64_t nu, float* tab) {
+    const __m512i m4 = splat8(0x0F), m2 = splat8(0x03), off = splat8(32);
+    constexpr int kLowOrHigh = 0xEA;  // (A & B) | C
+    for (int64_t sb = u0 / 8; sb < (u0 + nu) / 8; ++sb) {
+      __m512i o[8];  // o[0..2]: the 12 scale bytes
+      __m512 d;
+      if constexpr (Src::kPacked) {
+        P.template words8<0xFFFu>(static_cast<size_t>(sb) * kBB + 96, o);
+        __m512 h[4];
+        P.template halves<108, kBB>(static_cast<size_t>(sb) * kBB, 1, h);
+        d = h[0];
+      } else {  // o[3]: d (14 bytes read, none past the block)
+        P.template words8<0x3FFFu>(static_cast<size_t>(sb) * kBB + 96, o);
+        d = fp16_lanes(o[3]);
+      }
+      // the 16 scales + 32 as 4 words of 4 bytes (formats.h: unpack_q3_k_scales), then - 32
+      __m512i s[4];
+      s[0] = _mm512_ternarylogic_epi32(o[0], m4, _mm512_slli_epi32(_mm512_and_si512(o[2], m2), 4), kLowOrHigh);
+      s[1] = _mm512_ternarylogic_epi32(o[1], m4, _mm512_slli_epi32(_mm512_and_si512(_mm512_srli_epi32(o[2], 2), m2), 4),
+                                       kLowOrHigh);
+      s[2] = _mm512_ternarylogic_epi32(_mm512_srli_epi32(o[0], 4), m4,
+                                       _mm512_slli_epi32(_mm512_and_si512(_mm512_srli_epi32(o[2], 4), m2), 4), kLowOrHigh);
+      s[3] = _mm512_ternarylogic_epi32(_mm512_srli_epi32(o[1], 4), m4,
+                                       _mm512_slli_epi32(_mm512_and_si512(_mm512_srli_epi32(o[2], 6), m2), 4), kLowOrHigh);
+      for (int i = 0; i < 4; ++i) s[i] = _mm512_sub_epi8(s[i], off);
+      float* t = tab + (sb - u0 / 8) * 8 * kSV * kPanelRows;
+      for (int k = 0; k < 16; ++k) {
+        const __m512i v = _mm512_srai_epi32(_mm512_slli_epi32(s[k >> 2], 24 - 8 * (k & 3)), 24);
+        // scale k covers elements 16 k .. 16 k + 15: unit k / 2, half k % 2
+        _mm512_store_ps(t + k * kPanelRows, _mm512_mul_ps(d, _mm512_cvtepi32_ps(v)));
+      }
+    }
+  }
+  // hmask bit B to bit 2 of each byte: a shift right by B - 2 (left for B < 2); 32-bit shifts by
+  // at most 5 bring no other byte's bit into bit 2
+  template <int B>
+  static EF_INLINE __m512i high_bit(__m512i m) {
+    if constexpr (B < 2) {
+      return _mm512_slli_epi32(m, 2 - B);
+    } else if constexpr (B == 2) {
+      return m;
+    } else {
+      return _mm512_srli_epi32(m, B - 2);
+    }
+  }
+  template <int H, class Src>
+  static EF_INLINE void half_codes(const Src& P, size_t base, __m512i w[][8]) {
+    __m512i m[8], q[8];
+    P.words8(base, m);
+    P.words8(base + 32 + 32 * H, q);
+    const __m512i m3 = splat8(0x03), b2 = splat8(0x04);
+    constexpr int kLowOrHigh = 0xEA;  // (A & B) | C
+    for (int g = 0; g < 8; ++g) {
+      w[0][g] = _mm512_ternarylogic_epi32(q[g], m3, _mm512_and_si512(high_bit<4 * H>(m[g]), b2), kLowOrHigh);
+      w[1][g] = _mm512_ternarylogic_epi32(_mm512_srli_epi32(q[g], 2), m3, _mm512_and_si512(high_bit<4 * H + 1>(m[g]), b2),
+                                          kLowOrHigh);
+      w[2][g] = _mm512_ternarylogic_epi32(_mm512_srli_epi32(q[g], 4), m3, _mm512_and_si512(high_bit<4 * H + 2>(m[g]), b2),
+                                          kLowOrHigh);
+      w[3][g] = _mm512_ternarylogic_epi32(_mm512_srli_epi32(q[g], 6), m3, _mm512_and_si512(high_bit<4 * H + 3>(m[g]), b2),
+                                          kLowOrHigh);
+    }
+  }
+  template <class Src>
+  static EF_INLINE void codes(const Src& P, int64_t step, __m512i w[][8]) {
+    const size_t base = static_cast<size_t>(step / 2) * kBB;
+    if (step % 2) {
+      half_codes<1>(P, base, w);
+    } else {
+      half_codes<0>(P, base, w);
+    }
+  }
+};
+
 // ---------------------------------------------------------------- the tile kernel
 
 // Activation pointers of NT consecutive tokens.

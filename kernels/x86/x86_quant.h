@@ -131,6 +131,39 @@ struct Q6_K {
   }
 };
 
+// q3_k super-block (110 bytes): hmask[32], qs[64], 12 bytes of 6-bit scales, d (fp16). Unit j of
+// half h takes the 2-bit fields j of qs bytes 32h..32h+31 and bit 4h + j of hmask as code bit 2
+// (codes 0..7, offset 4); its two 16-element halves have scales 8h + 2j and 8h + 2j + 1.
+struct Q3_K {
+  static constexpr int kBlockElems = 256, kBlockBytes = 110, kHeader = 0, kUnits = 8;
+  static constexpr bool kSigned = false, kSplit = true, kHasB = true;
+  template <int J, class E>
+  static inline void unit(__m256i q, __m256i hm, int half, const float* a, E& e) {
+    const __m256i low = _mm256_and_si256(_mm256_srli_epi16(q, 2 * J), _mm256_set1_epi8(3));
+    const int s = 4 * half + J - 2;  // hmask bit 4h + J moved to bit 2 (16-bit shifts: no byte mixes in)
+    const __m256i hb = s >= 0 ? _mm256_srli_epi16(hm, s) : _mm256_slli_epi16(hm, -s);
+    const __m256i c = _mm256_or_si256(low, _mm256_and_si256(hb, _mm256_set1_epi8(4)));
+    const float alo = a[8 * half + 2 * J], ahi = a[8 * half + 2 * J + 1];
+    e.template unit<J & 1>(c, alo, ahi, -4.0f * alo, -4.0f * ahi);
+  }
+  template <int P, class E>
+  static inline void block(const uint8_t* p, const RowCtx&, E& e) {
+    const float d = h2f(p + 108);
+    int8_t sc[16];
+    unpack_q3_k_scales(p + 96, sc);
+    float a[16];
+    for (int k = 0; k < 16; ++k) a[k] = d * static_cast<float>(sc[k]);
+    const __m256i hm = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+    for (int half = 0; half < 2; ++half) {
+      const __m256i q = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + 32 + 32 * half));
+      unit<0>(q, hm, half, a, e);
+      unit<1>(q, hm, half, a, e);
+      unit<2>(q, hm, half, a, e);
+      unit<3>(q, hm, half, a, e);
+    }
+  }
+};
+
 // Row header: f32 scale, 16 int8 levels; block: scale code k (value scale = scale * k^2), 16 bytes.
 struct Q4_LUT {
   static constexpr int kBlockElems = 32, kBlockBytes = kQ4LutBlockBytes, kHeader = kQ4LutHeaderBytes, kUnits = 1;

@@ -162,7 +162,8 @@ def add_advanced_engine_options(p: argparse.ArgumentParser) -> None:
                           "--memory-budget) at a small quality cost (default: %(default)s)")
     adv.add_argument("--requantize", choices=list(REQUANTIZE_FORMATS), default=None, metavar="FORMAT",
                      help="without --memory-budget: convert every weight matrix stored with more bits to "
-                          "FORMAT (q4_0 or q8_0) at load: faster decoding at a quality cost (default: the "
+                          "FORMAT (q4_0, q8_0 or q3_k; q3_k needs rows of a multiple of 256 values, other "
+                          "matrices get q4_0) at load: faster decoding at a quality cost (default: the "
                           "file's formats)")
     adv.add_argument("--sparsity", action=Renamed, new="--ffn-sparsity")
     adv.add_argument("--window", action=Renamed, new="--neuron-window")

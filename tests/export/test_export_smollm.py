@@ -99,3 +99,21 @@ def test_scheme_bundle_loads_and_generates(smol, tmp_path, scheme):
         middle, _ = bundle.info["bundle"].arena(3)
         assert [p.fmt for p in middle.parts] == [ffn_format, ffn_format, "q5_0"]
         assert "blk.0.ffn_down.weight" not in fallbacks
+
+
+def test_q3_k_dense_bundle_keeps_q3_k_where_rows_take_it(smol, tmp_path):
+    """--quant q3_k without a neuron arena: ffn_down's rows (1536 values) are q3_k, every matrix with
+    rows of d_model (576) values falls back to q4_0 and the report says why; the bundle runs."""
+    result = export(smol, tmp_path / "q3_k", quant="q3_k", neuron_arena=False, **SMALL)
+    bundle = load_bundle(result.path)
+    formats = {n: t.fmt for n, t in bundle.tensors.items() if len(t.shape) > 1 and "predictor" not in n}
+    assert {f for n, f in formats.items() if n.endswith("ffn_down.weight")} == {"q3_k"}
+    assert {f for n, f in formats.items() if not n.endswith("ffn_down.weight")} == {"q4_0"}
+    fallbacks = {f["name"]: f for f in result.report["fallbacks"]}
+    assert fallbacks["blk.0.attn_q.weight"]["reason"].startswith("rows of 576 values")
+    assert all(f["from"] == "q3_k" and f["to"] == "q4_0" for f in fallbacks.values())
+    ids = smol.tokenizer.encode(PROMPT)
+    native = NativeEngine(bundle).forward(ids, all_logits=True)
+    reference = ReferenceEngine(bundle, kv_dtype="f16").forward(ids, all_logits=True)
+    assert np.abs(native - reference).max() <= 0.05 * np.abs(reference).max()
+    assert (native.argmax(axis=1) == reference.argmax(axis=1)).mean() >= 0.8

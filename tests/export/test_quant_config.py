@@ -87,6 +87,11 @@ def test_fallback_for_rows_a_format_cannot_take():
     assert "640" in plan.reason and "256" in plan.reason
     assert config.plan("blk.0.attn_output.weight", (640, 1024)).format == "q4_k"
     assert config.plan("blk.0.attn_norm.weight", (640,)).format == "f32"
+    q3 = get_scheme("q3_k")  # 256-value blocks too, with q4_0 (the next size up) for other rows
+    assert (q3.plan("blk.0.attn_q.weight", (576, 576)).format, q3.plan("blk.0.ffn_down.weight", (576, 1536)).format) \
+        == ("q4_0", "q3_k")
+    with pytest.raises(QuantConfigError, match="fallback must be a format every row length"):
+        Rule("*", "q4_0", "rtn", fallback="q3_k")
 
 
 def test_rows_no_format_can_take_are_an_error():

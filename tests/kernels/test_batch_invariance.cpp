@@ -19,7 +19,7 @@ bool same_bits(const float* a, const float* b, size_t count) { return std::memcm
 void test_batch_invariance() {
   using ef::Format;
   const int threads_before = ef::get_num_threads();
-  for (Format f : {Format::q8_0, Format::q4_0, Format::q4_1, Format::q5_0, Format::q4_k, Format::q6_k, Format::q4_lut}) {
+  for (Format f : {Format::q8_0, Format::q4_0, Format::q4_1, Format::q5_0, Format::q4_k, Format::q6_k, Format::q3_k, Format::q4_lut}) {
     const std::string fmt = ef::format_info(f).name;
     // 37 rows: two full 16-row panels and a partial one; columns with an odd number of blocks
     // (and of 4-block groups) and, for the K-quants, two super-blocks.

@@ -229,7 +229,7 @@ void test_ffn() {
     note_impl("columns_q8_q8_0");
     note_impl("columns_q8_packed_q8_0");
   }
-  for (const char* f : {"q8_0", "q4_0", "q4_1", "q5_0", "q4_k", "q6_k", "q4_lut", "f16", "f32"})
+  for (const char* f : {"q8_0", "q4_0", "q4_1", "q5_0", "q4_k", "q6_k", "q3_k", "q4_lut", "f16", "f32"})
     note_impl(std::string("ffn_down_") + f);
   note_impl("gated_silu");
 }

@@ -10,7 +10,7 @@ namespace {
 using ef::Format;
 
 const Format kAll[] = {Format::f32, Format::f16, Format::q8_0, Format::q4_0, Format::q4_1,
-                       Format::q5_0, Format::q4_k, Format::q6_k, Format::q4_lut};
+                       Format::q5_0, Format::q4_k, Format::q6_k, Format::q3_k, Format::q4_lut};
 
 std::vector<int64_t> cols_for(Format f) {
   const int be = ef::format_info(f).block_elems;

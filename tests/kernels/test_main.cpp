@@ -105,6 +105,7 @@ std::vector<uint8_t> random_weights(ef::Format f, int64_t rows, int64_t cols) {
         case ef::Format::q5_0: put_h(blk, sc(rng())); break;
         case ef::Format::q4_k: put_h(blk, sc(rng()) * 0.1f), put_h(blk + 2, sc(rng()) * 0.1f); break;
         case ef::Format::q6_k: put_h(blk + 208, sc(rng()) * 0.02f); break;
+        case ef::Format::q3_k: put_h(blk + 108, sc(rng()) * 0.02f); break;
         default: break;
       }
     }

@@ -96,6 +96,22 @@ inline float load_fp16(const uint8_t* p) {
   return fp16_to_f32(h);
 }
 
+// q3_k's 16 signed 6-bit scales from the 12 scale bytes of a super-block (as 3 little-endian
+// words a0, a1, a2): bytes 0-3 of the result are the low nibbles of a0 with bit pairs 0-1 of a2
+// on top, 4-7 those of a1 with bit pairs 2-3, 8-11 the high nibbles of a0 with bit pairs 4-5,
+// 12-15 the high nibbles of a1 with bit pairs 6-7; each stored as scale + 32. The SIMD kernels
+// decode the same words in registers; the scalar reference reads the bytes one by one instead.
+inline void unpack_q3_k_scales(const uint8_t* s, int8_t out[16]) {
+  uint32_t a[3];
+  std::memcpy(a, s, 12);
+  const uint32_t m4 = 0x0F0F0F0Fu, m2 = 0x03030303u;
+  const uint32_t w[4] = {(a[0] & m4) | ((a[2] & m2) << 4), (a[1] & m4) | (((a[2] >> 2) & m2) << 4),
+                         ((a[0] >> 4) & m4) | (((a[2] >> 4) & m2) << 4), ((a[1] >> 4) & m4) | (((a[2] >> 6) & m2) << 4)};
+  uint8_t b[16];
+  std::memcpy(b, w, 16);
+  for (int k = 0; k < 16; ++k) out[k] = static_cast<int8_t>(b[k] - 32);
+}
+
 inline float load_f32(const uint8_t* p) {
   float f;
   std::memcpy(&f, p, 4);

@@ -114,7 +114,8 @@ void matmul_rows(const WeightMatrix& w, const int32_t* rows, int64_t n_rows, con
 // out: [n_rows, cols] f32; rows == nullptr means all rows in order (n_rows == w.rows).
 void dequantize_rows(const WeightMatrix& w, const int32_t* rows, int64_t n_rows, float* out);
 // x: [rows, cols] f32 -> out: rows * row_bytes(fmt, cols) bytes. GGML rounding for the GGML
-// 32-block formats; q4_lut fits 16 levels per row by 1-D k-means. K-quants are not produced.
+// 32-block formats; q4_lut fits 16 levels per row by 1-D k-means; q3_k fits a least-squares scale per
+// 16 elements (ref_quantize.cpp). The other K-quants are not produced.
 void quantize_rows(const float* x, int64_t rows, int64_t cols, Format fmt, uint8_t* out, size_t out_size);
 // q4_lut with per-column importance (>= 0, e.g. E[x_j^2] of calibration activations; nullptr =
 // all 1): the sensitivity-weighted fit quantize_rows runs with unit weights.
@@ -253,7 +254,7 @@ void use_isa(const std::string& name);
 std::string current_isa();
 // Whether the kernels run weights of this format (storage-only formats are converted at load).
 bool runs_format(Format f);
-// Whether quantize_rows can write this format (K-quants and storage formats are read-only).
+// Whether quantize_rows can write this format (K-quants but q3_k, and storage formats, are read-only).
 bool can_quantize(Format f);
 // (kernel name, implementation running it now) for every kernel in the dispatch table.
 std::vector<std::pair<std::string, std::string>> implementations();
