@@ -1,7 +1,8 @@
 """One entry point from float weights to packed bytes: `quantize_matrix(values, fmt, method, importance)`.
 
-`rtn` uses the native kernels' quantizers (ggml's rounding, bit-identical with llama.cpp, for the
-32-block formats; q3_k's least-squares fit) where they exist; q4_k, which the kernels only read, and every `weighted` method run in numpy here.
+`rtn` uses the native kernels' quantizers where they exist (for the 32-block formats ggml's rounding,
+bit-identical with llama.cpp; for q3_k a least-squares fit); q4_k, which the kernels only read, and
+every `weighted` method run in numpy here.
 """
 
 from __future__ import annotations
