@@ -16,7 +16,7 @@ import numpy as np
 from edgeflash.export.progress import bar
 from edgeflash.runtime.source import ModelSource
 
-EVAL_BATCH = 64  # tokens per engine call (the engine's default max_batch)
+EVAL_BATCH = 64  # tokens per engine call: all_logits keeps [this, vocab] floats (half the engine's default)
 # Weights an evaluation keeps resident; a larger model streams the rest from its file each batch
 # (with direct I/O, about 1 GB/s here), so evaluating a 7B model takes no more memory than a 1B one.
 EVAL_RESIDENT_BYTES = 512 << 20

@@ -12,7 +12,9 @@ from edgeflash.runtime.spec import ModelSpec
 
 DEFAULT_CONTEXT = 4096  # KV cache positions when the caller does not say (the model may allow more)
 HEAD_CHUNK = 16384  # head rows per logits pass: its buffers take max_batch x 3 x this many floats
-MAX_BATCH = 64  # tokens per forward call (prefill chunk, verification tree)
+# Tokens per forward call (prefill chunk, verification tree). 128 rather than 64: a 512-token
+# prefill of Qwen2.5-Coder-1.5B ran 6% faster (fewer passes over the weights and the KV cache).
+MAX_BATCH = 128
 
 
 def engine_shape(spec: ModelSpec) -> _native.ModelShape:
