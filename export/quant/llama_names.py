@@ -20,8 +20,12 @@ LLAMA_CPP_SCHEMES: dict[str, tuple[str, str]] = {
     "q4_k_s": ("q4_k", ("every matrix q4_k; rows that are not a multiple of 256 and the FFN's neuron arena use "
                         "q5_0")),
     "q4_k": ("q4_k", ""),
+    "q3_k_s": ("q3_k", "every matrix q3_k; rows that are not a multiple of 256 use q4_0"),
+    "q3_k_m": ("q3_k", ("every matrix q3_k (llama.cpp keeps some in q4_k to q6_k); rows that are not a multiple "
+                        "of 256 use q4_0")),
+    "q3_k": ("q3_k", ""),
 }
-UNMAPPED = ("bf16", "q2_k", "q3_k_s", "q3_k_m", "q3_k_l", "q5_1", "q5_k_s", "q5_k_m", "q6_k", "iq1_s", "iq2_xxs",
+UNMAPPED = ("bf16", "q2_k", "q3_k_l", "q5_1", "q5_k_s", "q5_k_m", "q6_k", "iq1_s", "iq2_xxs",
             "iq2_xs", "iq3_xxs", "iq3_s", "iq4_nl", "iq4_xs", "tq1_0", "tq2_0")
 
 

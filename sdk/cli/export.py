@@ -20,8 +20,9 @@ model on a few hundred held-out tokens; --full-report: both texts, each sparsity
 round-to-nearest baseline). The expected peak memory is printed first; an export that would not
 fit in the memory available is refused.
 
-schemes: keep, keep-arena, f16, q8_0, q4_0, q4_0-rtn, q4_1, q4_1-rtn, q5_0, q4_k, q4_lut, q4_0-mixed,
-  q4_lut-mixed, llama.cpp's names where they map (Q4_K_M, Q4_K_S, Q8_0, Q4_0, Q4_1, Q5_0, F16, F32),
+schemes: keep, keep-arena, f16, q8_0, q4_0, q4_0-rtn, q4_1, q4_1-rtn, q5_0, q4_k, q3_k, q4_lut, q4_0-mixed,
+  q4_lut-mixed, llama.cpp's names where they map (Q4_K_M, Q4_K_S, Q3_K_M, Q3_K_S, Q8_0, Q4_0, Q4_1, Q5_0,
+  F16, F32),
   or mixed:ROLE=FORMAT[/METHOD][@GROUP],... with roles embedding, head, attention, ffn, norm, *
 
 targets: bundle (default), executorch (.pte, XNNPACK), onnx (.onnx, onnxruntime),

@@ -127,3 +127,14 @@ def test_from_dict_rejects_bad_input():
         QuantConfig.from_json("{nope")
     with pytest.raises(QuantConfigError, match="newer"):
         QuantConfig.from_dict({**get_scheme("q8_0").to_dict(), "version": 99})
+
+
+@pytest.mark.parametrize("name,scheme", [("Q3_K_M", "q3_k"), ("q3_k_s", "q3_k"), ("Q4_K_M", "q4_k"), ("Q8_0", "q8_0")])
+def test_llama_cpp_names_that_map(name, scheme):
+    assert get_scheme(name).to_dict() == get_scheme(scheme).to_dict()
+
+
+@pytest.mark.parametrize("name", ["Q3_K_L", "Q5_K_M", "IQ4_XS"])
+def test_llama_cpp_names_without_a_format_are_refused(name):
+    with pytest.raises(QuantConfigError, match=f"llama.cpp's {name} has no edgeflash format"):
+        get_scheme(name)
