@@ -24,10 +24,15 @@ from __future__ import annotations
 import argparse
 import os
 import statistics
+import sys
 import time
 from collections.abc import Callable
+from pathlib import Path
 
 import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from roofline import weight_bytes_per_token  # noqa: E402
 
 PROMPT_TOKENS = 256
 DECODE_TOKENS = 64
@@ -65,7 +70,8 @@ class Profile:
         self.engine = self.model.engine
         text = heldout_windows(1, chars_per_window=6 * PROMPT_TOKENS, offset_chars=50_000)[0]
         self.ids = self.model.encode(text)[:PROMPT_TOKENS]
-        self.weight_bytes = self.engine.weight_bytes  # before gemv_pass converts its own copies again
+        # what a token reads (an untied embedding gives one row), before gemv_pass converts its own copies
+        self.weight_bytes = sum(weight_bytes_per_token(self.engine).values())
         self.run_gemv = gemv_pass(self.engine)
         self.samples: dict[str, list[float]] = {"generate": [], "forward": [], "gemv": []}
         self.spent: list[float] = []
