@@ -733,9 +733,12 @@ void run_panel(const Src& P, int64_t nu, float* tab, __m512i* codes, const Q8Vie
 }
 
 // Rows [r0, r1) in panels of 16: panel(p0, valid, vm, yp, pf) computes the panel at row p0 (valid
-// rows of it, lane mask vm, outputs from yp) with pf requesting the panel `ahead` panels on a slice
-// per step (`steps` per panel). Every matrix is prefetched ahead of the panel being computed: in a
-// model's forward pass each matrix is read once and streams from DRAM, whatever its size.
+// rows of it, lane mask vm, outputs from yp) with pf requesting, a slice per step (`steps` per
+// panel), the bytes `distance` on in the matrix. Every matrix is prefetched ahead of the panel being
+// computed: in a model's forward pass each matrix is read once and streams from DRAM, whatever its
+// size. The distance is whole panels up to kPrefetchBytes, and kPrefetchBytes itself within the
+// stream when one panel is larger (a down projection's 16 rows of 4864-18944 columns are 30-160
+// KiB): a whole such panel ahead would overrun L1 before its lines are used.
 template <class PanelFn>
 void for_each_panel(const RowsView& w, int64_t r0, int64_t r1, int64_t steps, float* y, const PanelFn& panel) {
   const size_t panel_span = kPanelRows * w.stride;
@@ -743,17 +746,20 @@ void for_each_panel(const RowsView& w, int64_t r0, int64_t r1, int64_t steps, fl
   Prefetch pf;
   pf.slice = (panel_span / static_cast<size_t>(steps) + 63) & ~static_cast<size_t>(63);
   const int64_t ahead = std::clamp<int64_t>(static_cast<int64_t>(kPrefetchBytes / panel_span), 1, 8);
-  // The panels the loop's prefetch never requests (it runs `ahead` panels on) are requested now:
-  // a decode GEMV is split into tasks of a few dozen KiB, and their first panels would otherwise
-  // each wait out a full DRAM latency.
+  const size_t distance = panel_span > kPrefetchBytes ? kPrefetchBytes : static_cast<size_t>(ahead) * panel_span;
+  const char* end = reinterpret_cast<const char*>(w.panel(0)) + static_cast<size_t>(rows) * w.stride;
+  // The bytes the loop's prefetch never requests (it runs `distance` on) are requested now: a
+  // decode GEMV is split into tasks of a few dozen KiB, and their first panels would otherwise each
+  // wait out a full DRAM latency.
   if (!w.index) {
-    const int64_t first = std::min<int64_t>(ahead, (r1 - r0 + kPanelRows - 1) / kPanelRows);
     const char* start = reinterpret_cast<const char*>(w.panel(r0));
-    for (size_t b = 0; b < static_cast<size_t>(first) * panel_span; b += 64) _mm_prefetch(start + b, _MM_HINT_T0);
+    const size_t first = std::min(distance, static_cast<size_t>(end - start));
+    for (size_t b = 0; b < first; b += 64) _mm_prefetch(start + b, _MM_HINT_T0);
   }
   for (int64_t p0 = r0; p0 < r1; p0 += kPanelRows) {
-    const bool more = !w.index && p0 + (ahead + 1) * kPanelRows <= rows;
-    pf.next = more ? w.panel(p0) + ahead * panel_span : nullptr;
+    const char* ahead_of = reinterpret_cast<const char*>(w.panel(p0)) + distance;
+    const bool more = !w.index && ahead_of + panel_span <= end;
+    pf.next = more ? reinterpret_cast<const uint8_t*>(ahead_of) : nullptr;
     const int valid = static_cast<int>(std::min<int64_t>(kPanelRows, r1 - p0));
     panel(p0, valid, static_cast<__mmask16>((1u << valid) - 1), y + (p0 - r0), pf);
   }
