@@ -60,13 +60,20 @@ def load_model(path: str | Path, *, memory_budget: str | int | None = None, thre
     if kv_cache == "kivi2" and speculative != "none":
         raise UserError(f"speculative = {speculative!r} with kv_cache = 'kivi2': a 2-bit KV cache does not verify "
                         "token trees; use kv_cache = 'f16' or 'q8_0' with speculative decoding")
+    if memory_budget is not None and engine == "reference":
+        raise UserError("memory_budget needs the native engine (the reference runtime keeps every weight in float32)")
     auto_note = None
+    rss_baseline = None  # the RSS a budget is counted from (None: each load's own start)
     if sparsity == "auto" and memory_budget is not None:
+        # auto measures settings one after another in this process; what each leaves resident (code
+        # it ran, Python heap) stays, so every later load, the final one included, counts from here
+        rss_baseline = current_rss_bytes()
+
         def load_one(s: float | None, k: int) -> LoadedModel:
-            return load_model(path, memory_budget=memory_budget, threads=threads, engine=engine,
-                              context_length=context_length, strategy=strategy, activations=activations,
-                              kv_cache=kv_cache, sparsity=s, window=k, head_shortlist=head_shortlist,
-                              ffn_fallback=False, neuron_chunk=neuron_chunk)
+            return _load_budgeted(path, parse_size(memory_budget), rss_baseline, threads=threads,
+                                  context_length=context_length, strategy=strategy, activations=activations,
+                                  kv_cache=kv_cache, sparsity=s, window=k, head_shortlist=head_shortlist,
+                                  speculative="none", ffn_fallback=False, neuron_chunk=neuron_chunk)
 
         sparsity, window, auto_note = choose_sparsity(path, parse_size(memory_budget), load_one)
     elif isinstance(sparsity, str):
@@ -84,11 +91,21 @@ def load_model(path: str | Path, *, memory_budget: str | int | None = None, thre
             run = NativeEngine(source, threads=threads, context_length=context_length, activations=activations,
                                kv_format=kv_cache, requantize=requantize)
         return LoadedModel(source, run, speculative, _drafter(speculative, run))
-    if engine == "reference":
-        raise UserError("memory_budget needs the native engine (the reference runtime keeps every weight in float32)")
-    budget = parse_size(memory_budget)
+    return _load_budgeted(path, parse_size(memory_budget), rss_baseline, threads=threads,
+                          context_length=context_length, strategy=strategy, activations=activations,
+                          kv_cache=kv_cache, sparsity=sparsity, window=window, head_shortlist=head_shortlist,
+                          speculative=speculative, ffn_fallback=ffn_fallback, neuron_chunk=neuron_chunk,
+                          auto_note=auto_note)
+
+
+def _load_budgeted(path: str | Path, budget: int, rss_baseline: int | None, *, threads: int,
+                   context_length: int | None, strategy: str, activations: str, kv_cache: str,
+                   sparsity: float | None, window: int, head_shortlist: int | None, speculative: str,
+                   ffn_fallback: bool, neuron_chunk: int, auto_note: str | None = None) -> LoadedModel:
+    """A load under `budget` bytes over `rss_baseline` (None: the RSS when this load starts)."""
     keep_large_allocations_mapped()  # freed temporaries leave the process instead of the heap
     before = current_rss_bytes()
+    left_by_earlier_loads = 0 if rss_baseline is None else max(0, before - rss_baseline)
     # Building the tokenizer makes temporaries several times the size of what it keeps. They are
     # freed before any weight loads, but the budget covers loading too, so the plan is told this
     # peak. (Measuring it resets the process's peak-RSS mark, which restarts at the current RSS.)
@@ -103,6 +120,8 @@ def load_model(path: str | Path, *, memory_budget: str | int | None = None, thre
     # counts them as pinned weights.
     rewritten = sum(source.tensors[n].nbytes for n in source.info.get("rewritten_tensors", []))
     fixed = {"tokenizer_and_manifest": max(0, current_rss_bytes() - before - rewritten)}
+    if left_by_earlier_loads:
+        fixed["left_by_earlier_loads"] = left_by_earlier_loads
     opening_peak = peak_rss_bytes() - before if peak_measured else 0
     if context_length is None:
         context_length = default_context(source.spec, budget, kv_format=kv_cache)
@@ -132,6 +151,7 @@ def choose_sparsity(path: str | Path, budget: int, load_one: Any) -> tuple[float
     weights_path = source.info["bundle"].weights_path
     del source
     gc.collect()
+    release_free_heap()  # what opening it parsed leaves the process before the first measured load
     return sparsity_tuning.choose(weights_path, budget, levels, load_one)
 
 

@@ -110,16 +110,10 @@ RSS_SCRIPT = textwrap.dedent("""
 """)
 
 
-# Known bug: the first `auto` load at a budget measures every setting in this process; what one setting
-# leaves resident (code paths touched, Python heap) is not in the next setting's plan, so that phase can
-# peak up to ~0.6 MB over the budget on SmolLM2 (a later load, which reads the measurements, stays inside).
-AUTO_MEASURING_OVERSHOOTS = pytest.mark.xfail(strict=False, reason="auto's measuring phase peaks over the budget")
-
-
 @pytest.mark.parametrize("options", [{"sparsity": 0.5, "window": 4, "ffn_fallback": False},
                                      {"sparsity": 0.3, "window": 0, "ffn_fallback": False},
                                      {"sparsity": 0.5, "window": 4, "ffn_fallback": False, "neuron_chunk": 65536},
-                                     pytest.param({"sparsity": "auto"}, marks=AUTO_MEASURING_OVERSHOOTS)])
+                                     {"sparsity": "auto"}])
 @pytest.mark.parametrize("fraction", [0.4, 0.6])
 def test_peak_rss_inside_the_budget_in_sparse_and_auto_runs(smol_bundle, options, fraction, profile_home):
     budget = int(exact_bytes(smol_bundle) * fraction)
