@@ -62,24 +62,27 @@ def load_model(path: str | Path, *, memory_budget: str | int | None = None, thre
                         "token trees; use kv_cache = 'f16' or 'q8_0' with speculative decoding")
     if memory_budget is not None and engine == "reference":
         raise UserError("memory_budget needs the native engine (the reference runtime keeps every weight in float32)")
+    budget = parse_size(memory_budget) if memory_budget is not None else None
+    # what every budgeted load of this call shares (measured settings and the final load)
+    shared = {"threads": threads, "context_length": context_length, "strategy": strategy,
+              "activations": activations, "kv_cache": kv_cache, "head_shortlist": head_shortlist,
+              "neuron_chunk": neuron_chunk}
     auto_note = None
     rss_baseline = None  # the RSS a budget is counted from (None: each load's own start)
-    if sparsity == "auto" and memory_budget is not None:
+    if sparsity == "auto" and budget is not None:
         # auto measures settings one after another in this process; what each leaves resident (code
         # it ran, Python heap) stays, so every later load, the final one included, counts from here
         rss_baseline = current_rss_bytes()
 
         def load_one(s: float | None, k: int) -> LoadedModel:
-            return _load_budgeted(path, parse_size(memory_budget), rss_baseline, threads=threads,
-                                  context_length=context_length, strategy=strategy, activations=activations,
-                                  kv_cache=kv_cache, sparsity=s, window=k, head_shortlist=head_shortlist,
-                                  speculative="none", ffn_fallback=False, neuron_chunk=neuron_chunk)
+            return _load_budgeted(path, budget, rss_baseline, sparsity=s, window=k, speculative="none",
+                                  ffn_fallback=False, **shared)
 
-        sparsity, window, auto_note = choose_sparsity(path, parse_size(memory_budget), load_one)
+        sparsity, window, auto_note = choose_sparsity(path, budget, load_one)
     elif isinstance(sparsity, str):
         raise UserError(f"sparsity = {sparsity!r}: expected a calibrated level such as 0.5, or 'auto' "
                         "(with a memory budget)")
-    if memory_budget is None:
+    if budget is None:
         if sparsity is not None or head_shortlist is not None:
             raise UserError("sparsity and head_shortlist are modes of a budgeted run: give memory_budget too")
         source = open_model(path)
@@ -91,11 +94,8 @@ def load_model(path: str | Path, *, memory_budget: str | int | None = None, thre
             run = NativeEngine(source, threads=threads, context_length=context_length, activations=activations,
                                kv_format=kv_cache, requantize=requantize)
         return LoadedModel(source, run, speculative, _drafter(speculative, run))
-    return _load_budgeted(path, parse_size(memory_budget), rss_baseline, threads=threads,
-                          context_length=context_length, strategy=strategy, activations=activations,
-                          kv_cache=kv_cache, sparsity=sparsity, window=window, head_shortlist=head_shortlist,
-                          speculative=speculative, ffn_fallback=ffn_fallback, neuron_chunk=neuron_chunk,
-                          auto_note=auto_note)
+    return _load_budgeted(path, budget, rss_baseline, sparsity=sparsity, window=window, speculative=speculative,
+                          ffn_fallback=ffn_fallback, auto_note=auto_note, **shared)
 
 
 def _load_budgeted(path: str | Path, budget: int, rss_baseline: int | None, *, threads: int,

@@ -31,10 +31,13 @@ def _tensors() -> list[tuple[str, str, np.ndarray, np.ndarray]]:
     """(file tag, fmt, raw [rows, row_bytes] uint8 or float32, gguf-dequantized f32) for a few
     2-D tensors of every format each file has (at most 512 rows each, to stay quick)."""
     out = []
+    down = None  # Gemma's first down matrix, the stand-in for Q3_K (2048 columns: a multiple of 256)
     for tag, path in (("gemma", _gemma_path()), ("smollm2", SMOL)):
         assert path.exists(), f"model file missing: {path}"
         seen: dict[str, int] = {}
         for t in GGUFReader(str(path)).tensors:
+            if tag == "gemma" and t.name == "blk.0.ffn_down.weight":
+                down = t
             fmt = TYPES.get(t.tensor_type.name)
             if fmt is None or len(t.shape) != 2 or seen.get(fmt, 0) >= 2:
                 continue
@@ -42,8 +45,6 @@ def _tensors() -> list[tuple[str, str, np.ndarray, np.ndarray]]:
             raw = np.ascontiguousarray(t.data[:512])
             want = gguf_dequantize(raw, t.tensor_type).astype(np.float32)
             out.append((f"{tag}:{t.name}", fmt, raw, want))
-    # the stand-in for Q3_K: Gemma's first down matrix (2048 columns; q3_k needs multiples of 256)
-    down = next(t for t in GGUFReader(str(_gemma_path())).tensors if t.name == "blk.0.ffn_down.weight")
     values = gguf_dequantize(np.ascontiguousarray(down.data[:512]), down.tensor_type).astype(np.float32)
     q3 = K.quantize(values, "q3_k").reshape(values.shape[0], -1)
     want = gguf_dequantize(q3, GGMLQuantizationType.Q3_K).astype(np.float32)
