@@ -42,6 +42,7 @@ void check_cache(const KvCache& c, const char* what) {
 
 constexpr int64_t kChunk = 64;     // slots per chunk kernel call
 constexpr int64_t kSegment = 256;  // slots per split (a multiple of kChunk: chunks stay aligned)
+constexpr int64_t kQueryBlock = 64;  // queries per work item of a long prompt
 
 }  // namespace
 
@@ -86,25 +87,36 @@ void attention(const KvCache& cache, const AttentionArgs& a) {
       std::copy(a.q + (i * a.n_heads + h) * hd, a.q + (i * a.n_heads + h + 1) * hd, qg + (g * R + r) * hd);
     }
 
-  ThreadPool::global().run(n_kv * splits, [&](int64_t item, int) {
+  // Items are (KV head, split, block of queries). A prompt's queries are split into blocks so both
+  // threads share a long prefill; a chunk runs only the rows of the block's queries that see one of
+  // its slots (a causal prompt's early queries skip its later chunks). A row that sees nothing in a
+  // chunk would add exact zeros, so skipping it changes no bit, and a row's arithmetic never
+  // depends on which block it falls in.
+  const int64_t blocks = (n_q + kQueryBlock - 1) / kQueryBlock;
+  ThreadPool::global().run(n_kv * splits * blocks, [&](int64_t task, int) {
+    const int64_t item = task / blocks, b = task % blocks;
     const int64_t g = item / splits, p = item % splits;
     const int64_t j_begin = std::max(lo, (first_seg + p) * kSegment);
     const int64_t j_end = std::min(hi + 1, (first_seg + p + 1) * kSegment);
-    float* m = states + item * item_floats;
-    float* l = m + R;
-    float* acc = l + R;
-    std::fill(m, m + R, -std::numeric_limits<float>::infinity());
-    std::fill(l, l + R + R * hd, 0.0f);
-    float* scratch = scratch_floats(static_cast<size_t>(R * kChunk + (kChunk + 16) * hd + (n_q * kChunk + 3) / 4));
-    uint8_t* vis = reinterpret_cast<uint8_t*>(scratch + R * kChunk + (kChunk + 16) * hd);
+    const int64_t i_begin = b * kQueryBlock, i_end = std::min(n_q, i_begin + kQueryBlock);
+    const int64_t rows = (i_end - i_begin) * group, row0 = i_begin * group;
+    float* m = states + item * item_floats + row0;
+    float* l = states + item * item_floats + R + row0;
+    float* acc = states + item * item_floats + 2 * R + row0 * hd;
+    std::fill(m, m + rows, -std::numeric_limits<float>::infinity());
+    std::fill(l, l + rows, 0.0f);
+    std::fill(acc, acc + rows * hd, 0.0f);
+    float* scratch = scratch_floats(static_cast<size_t>(rows * kChunk + (kChunk + 16) * hd + (kQueryBlock * kChunk + 3) / 4));
+    uint8_t* vis = reinterpret_cast<uint8_t*>(scratch + rows * kChunk + (kChunk + 16) * hd);
     for (int64_t j0 = j_begin / kChunk * kChunk; j0 < j_end; j0 += kChunk) {  // chunks at absolute offsets
       // Whole chunks (slots past the live range are invisible): the SIMD blocking of a query's keys
       // must not depend on how many other slots happen to be live.
       const int64_t c = std::min(kChunk, cap - j0);
-      bool any = false;
-      for (int64_t i = 0; i < n_q; ++i) {  // one row per query: its group's heads share it
+      int64_t seen_lo = i_end, seen_hi = i_begin - 1;  // the block's queries that see a slot of the chunk
+      for (int64_t i = i_begin; i < i_end; ++i) {  // one row per query: its group's heads share it
         const int64_t qp = a.q_pos[i];
-        uint8_t* row = vis + i * c;
+        uint8_t* row = vis + (i - i_begin) * c;
+        bool any = false;
         for (int64_t j = 0; j < c; ++j) {
           const int64_t sp = cache.slot_pos[j0 + j];
           const bool ok = sp >= 0 && sp <= qp && (a.window == 0 || qp - sp < a.window) &&
@@ -112,18 +124,21 @@ void attention(const KvCache& cache, const AttentionArgs& a) {
           row[j] = ok;
           any |= ok;
         }
+        if (any) seen_lo = std::min(seen_lo, i), seen_hi = i;
       }
-      if (!any) continue;
+      if (seen_hi < seen_lo) continue;
       const uint8_t* kc = cache.k + static_cast<size_t>(g * cap + j0) * rb;
       const uint8_t* vc = cache.v + static_cast<size_t>(g * cap + j0) * rb;
       if (kivi2) {
-        thread_local std::vector<uint16_t> rows;
-        rows.resize(static_cast<size_t>(2 * kChunk * hd));
-        kivi::rows_f16(cache, g, j0, c, rows.data(), rows.data() + kChunk * hd);
-        kc = reinterpret_cast<const uint8_t*>(rows.data());
-        vc = reinterpret_cast<const uint8_t*>(rows.data() + kChunk * hd);
+        thread_local std::vector<uint16_t> kivi_rows;
+        kivi_rows.resize(static_cast<size_t>(2 * kChunk * hd));
+        kivi::rows_f16(cache, g, j0, c, kivi_rows.data(), kivi_rows.data() + kChunk * hd);
+        kc = reinterpret_cast<const uint8_t*>(kivi_rows.data());
+        vc = reinterpret_cast<const uint8_t*>(kivi_rows.data() + kChunk * hd);
       }
-      const AttnChunk args{qg + g * R * hd, R, hd, kc, vc, rb, c, vis, group, a.scale, a.softcap, m, l, acc, scratch};
+      const int64_t r0 = (seen_lo - i_begin) * group, nr = (seen_hi - seen_lo + 1) * group;
+      const AttnChunk args{qg + (g * R + row0 + r0) * hd, nr, hd, kc, vc, rb, c, vis + (seen_lo - i_begin) * c,
+                           group, a.scale, a.softcap, m + r0, l + r0, acc + r0 * hd, scratch};
       chunk_fn(args);
     }
   });
@@ -168,12 +183,10 @@ void kv_write(const KvCache& cache, const float* k, const float* v, int64_t n, c
   }
   const int64_t hd = cache.head_dim;
   const size_t rb = kv_row_bytes(cache.fmt, hd);
+  const ToHalfFn half_of = kernels().to_half.fn;  // a prompt's keys and values: scalar conversion cost a tenth of prefill attention
   auto store = [&](uint8_t* dst, const float* src) {
     if (cache.fmt == Format::f16) {
-      for (int64_t e = 0; e < hd; ++e) {
-        const uint16_t h = f32_to_fp16(src[e]);
-        std::memcpy(dst + 2 * e, &h, 2);
-      }
+      half_of(src, hd, reinterpret_cast<uint16_t*>(dst));  // rows are 2-byte aligned in the cache
     } else {
       quantize_rows(src, 1, hd, Format::q8_0, dst, rb);
     }
