@@ -133,29 +133,39 @@ inline void score_tile(const AttnChunk& a, const float* kt, int64_t r0, float* s
 }
 
 // acc rows [r0, r0 + NR) += p . V over the chunk's slots, head_dim columns [d0, d0 + 16 ND).
-template <int NR, int ND>
+// The pass over the first columns (kSum) also adds each row's probabilities to its l, one slot
+// after another (hidden slots add an exact 0): a query's sum then depends on the keys it sees, not
+// on the slots between them (a speculative tree's ancestors are not adjacent; in plain decoding
+// they are), whereas 16 lanes would group the keys by slot. Done here, the serial adds of a few
+// rows overlap the tile's multiply-adds instead of stalling the softmax one row at a time.
+template <int NR, int ND, bool kSum>
 inline void value_tile(const AttnChunk& a, const float* vrows, const float* s, int64_t r0, int64_t d0) {
   const int64_t hd = a.hd, c = a.c;
   __m512 acc[NR][ND];
+  float sum[NR] = {};
   for (int r = 0; r < NR; ++r)
     for (int k = 0; k < ND; ++k) acc[r][k] = _mm512_loadu_ps(a.acc + (r0 + r) * hd + d0 + 16 * k);
   for (int64_t j = 0; j < c; ++j) {
     __m512 v[ND];
     for (int k = 0; k < ND; ++k) v[k] = _mm512_loadu_ps(vrows + j * hd + d0 + 16 * k);
     for (int r = 0; r < NR; ++r) {
-      const __m512 p = _mm512_set1_ps(s[(r0 + r) * kSlots + j]);
+      const float pr = s[(r0 + r) * kSlots + j];
+      if (kSum) sum[r] += pr;
+      const __m512 p = _mm512_set1_ps(pr);
       for (int k = 0; k < ND; ++k) acc[r][k] = _mm512_fmadd_ps(p, v[k], acc[r][k]);
     }
   }
   for (int r = 0; r < NR; ++r)
     for (int k = 0; k < ND; ++k) _mm512_storeu_ps(a.acc + (r0 + r) * hd + d0 + 16 * k, acc[r][k]);
+  if (kSum)
+    for (int r = 0; r < NR; ++r) a.l[r0 + r] += sum[r];
 }
 
-template <int ND>
+template <int ND, bool kSum>
 inline void value_rows(const AttnChunk& a, const float* vrows, const float* s, int64_t d0) {
   int64_t r = 0;
-  for (; r + 4 <= a.R; r += 4) value_tile<4, ND>(a, vrows, s, r, d0);
-  for (; r < a.R; ++r) value_tile<1, ND>(a, vrows, s, r, d0);
+  for (; r + 4 <= a.R; r += 4) value_tile<4, ND, kSum>(a, vrows, s, r, d0);
+  for (; r < a.R; ++r) value_tile<1, ND, kSum>(a, vrows, s, r, d0);
 }
 
 // Attention over one chunk of up to 64 slots for R query rows, as two small GEMMs: scores
@@ -192,12 +202,7 @@ void attn_chunk(const AttnChunk& a) {
       const __mmask16 live = _mm512_cmp_ps_mask(v, _mm512_set1_ps(ninf), _CMP_NEQ_OQ);
       _mm512_storeu_ps(sr + j0, _mm512_maskz_mov_ps(live, exp16(_mm512_sub_ps(v, _mm512_set1_ps(mx)))));
     }
-    // Summed one slot after another (hidden slots add an exact 0): a query's sum then depends on the
-    // keys it sees, not on the slots between them (a speculative tree's ancestors are not adjacent; in
-    // plain decoding they are), whereas 16 lanes would group the keys by slot.
-    float sum = 0.0f;
-    for (int64_t j = 0; j < c; ++j) sum += sr[j];
-    a.l[i] = a.l[i] * corr + sum;
+    a.l[i] *= corr;  // the value pass adds this chunk's probabilities
     a.m[i] = mx;
     if (corr != 1.0f) {
       const __m512 cv = _mm512_set1_ps(corr);
@@ -207,9 +212,12 @@ void attn_chunk(const AttnChunk& a) {
   }
   if (!any_row) return;
   for (int64_t j = 0; j < c; ++j) kv_row<Q8>(a.v + j * a.row_bytes, hd, kv + j * hd);
+  // head_dim is a multiple of 16: the first pass (which sums) covers 64 columns or all of them.
   int64_t d0 = 0;
-  for (; d0 + 64 <= hd; d0 += 64) value_rows<4>(a, kv, s, d0);
-  for (; d0 < hd; d0 += 16) value_rows<1>(a, kv, s, d0);
+  if (hd >= 64) value_rows<4, true>(a, kv, s, 0), d0 = 64;
+  else value_rows<1, true>(a, kv, s, 0), d0 = 16;
+  for (; d0 + 64 <= hd; d0 += 64) value_rows<4, false>(a, kv, s, d0);
+  for (; d0 < hd; d0 += 16) value_rows<1, false>(a, kv, s, d0);
 }
 
 }  // namespace
