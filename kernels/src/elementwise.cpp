@@ -54,17 +54,37 @@ void rope(float* x, int64_t n, int64_t n_heads, int64_t head_dim, const int32_t*
   if (p.freq_factors)
     for (int64_t i = 0; i < half; ++i)
       if (!(p.freq_factors[i] > 0.0f)) throw KernelError("rope: freq_factors must be positive, got " + std::to_string(p.freq_factors[i]) + " at " + std::to_string(i));
-  // Inverse frequencies depend only on the parameters: keep the last set (q and k of every layer
-  // share them), then cos / sin per (token, frequency) in double, shared by all heads.
-  thread_local RopeFrequencies fc;
-  if (!fc.made_from(p)) fc.make(p);
-  float* cs = scratch_floats(static_cast<size_t>(n * p.rot_dim), 1);
-  for (int64_t t = 0; t < n; ++t)
-    for (int64_t i = 0; i < half; ++i) {
-      const double ang = static_cast<double>(positions[t]) * fc.inv_freq[i];
-      cs[t * p.rot_dim + i] = static_cast<float>(std::cos(ang));
-      cs[t * p.rot_dim + half + i] = static_cast<float>(std::sin(ang));
-    }
+  // cos / sin per (token, frequency) in double, shared by all heads. The table of the last call
+  // for each of two parameter sets (Gemma's local and global layers) is kept: q and k of every
+  // layer of a forward pass rotate the same positions, and a prompt's table took as long to make
+  // as the rotations themselves.
+  struct Table {
+    RopeFrequencies fc;
+    std::vector<int32_t> positions;
+    std::vector<float> cs;
+  };
+  thread_local Table tables[2];
+  thread_local int older = 0;
+  Table* table = nullptr;
+  for (Table& c : tables)
+    if (c.fc.made_from(p) && c.positions.size() == static_cast<size_t>(n) &&
+        std::equal(positions, positions + n, c.positions.begin()))
+      table = &c;
+  if (!table) {
+    table = &tables[older];
+    older ^= 1;
+    if (!table->fc.made_from(p)) table->fc.make(p);
+    table->positions.assign(positions, positions + n);
+    table->cs.resize(static_cast<size_t>(n * p.rot_dim));
+    float* cs = table->cs.data();
+    for (int64_t t = 0; t < n; ++t)
+      for (int64_t i = 0; i < half; ++i) {
+        const double ang = static_cast<double>(positions[t]) * table->fc.inv_freq[i];
+        cs[t * p.rot_dim + i] = static_cast<float>(std::cos(ang));
+        cs[t * p.rot_dim + half + i] = static_cast<float>(std::sin(ang));
+      }
+  }
+  const float* cs = table->cs.data();
   const RopeApplyFn fn = kernels().rope_apply.fn;
   over_rows(n, n_heads * head_dim, [&](int64_t b, int64_t e) {
     fn(x + b * n_heads * head_dim, e - b, n_heads, head_dim, p.rot_dim, cs + b * p.rot_dim);
