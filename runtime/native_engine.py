@@ -130,16 +130,18 @@ class NativeEngine:
 
     # -- weights ------------------------------------------------------------------------------------
 
-    def set_tensors(self, t: dict[str, Tensor], *, panels: bool = False) -> None:
+    def set_tensors(self, t: dict[str, Tensor], *, panels: bool = False, head: bool = True) -> None:
         """Hand the native engine every tensor present in `t` (a budgeted run leaves streamed ones out).
         With `panels`, matrices the kernels run faster from the panel layout are copied into it, and
-        the pages of the file they were read from are dropped (the embedding rows stay in place)."""
+        the pages of the file they were read from are dropped (the embedding rows stay in place).
+        Without `head`, the caller installs a head of its own (a draft model's shortlist): a tied
+        embedding then stays an embedding, not also laid out as a head nobody reads."""
         native = self._engine
         if "token_embd.weight" in t:
             native.set_embedding(*self._matrix(t["token_embd.weight"], embedding=True))
-        head = t.get("output.weight") if not self.spec.tied_embeddings else t.get("token_embd.weight")
-        if head is not None:
-            native.set_head(*self._matrix(head), panels=panels, drop_source=_file_backed(head.raw))
+        head_tensor = t.get("output.weight") if not self.spec.tied_embeddings else t.get("token_embd.weight")
+        if head and head_tensor is not None:
+            native.set_head(*self._matrix(head_tensor), panels=panels, drop_source=_file_backed(head_tensor.raw))
         if "output_norm.weight" in t:
             native.set_output_norm(self._vector(t["output_norm.weight"]))
         for layer in range(self.spec.n_layers):
@@ -284,7 +286,8 @@ class NativeEngine:
         mem = self._engine.memory()
         out = {"engine": self.name, "threads": self.threads, "activations": self.activations,
                "weight_bytes": self.weight_bytes, "kv_cache_bytes": mem.kv_cache, "kv_cache_format": self.kv_format,
-               "activation_bytes": mem.activations + self._last_logits.nbytes}
+               "activation_bytes": mem.activations + self._last_logits.nbytes,
+               "laid_out_bytes": self._engine.laid_out_bytes}
         reader = self._engine.reader_stats()
         if reader is not None:  # cumulative since loading; a generation reports its own share
             out.update({"flash_bytes_read": reader.bytes_read, "io_wait_s": round(reader.wait_s, 6)})

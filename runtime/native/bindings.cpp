@@ -339,6 +339,11 @@ class PyEngine {
   int64_t truncate(int64_t n) { return engine_->truncate(n); }
   int64_t committed() const { return engine_->committed(); }
   EngineMemory memory() const { return engine_->memory(); }
+  size_t laid_out_bytes() const {  // the copies of matrices laid out in panels at load
+    size_t total = 0;
+    for (const auto& b : panels_) total += b.size();
+    return total;
+  }
   void set_profiling(bool on) { engine_->set_profiling(on); }
 
  private:
@@ -457,6 +462,7 @@ void bind_engine(nb::module_& m) {
       .def_prop_ro("staging_bytes", &PyEngine::staging_bytes)
       .def_prop_ro("neuron_cache_bytes", &PyEngine::neuron_cache_bytes)
       .def_prop_ro("committed", &PyEngine::committed)
+      .def_prop_ro("laid_out_bytes", &PyEngine::laid_out_bytes)
       .def("memory", &PyEngine::memory);
 }
 

@@ -22,7 +22,7 @@ from edgeflash.base.heap import release_free_heap
 from edgeflash.base.models import ALIASES, describe_alias, resolve_model
 from edgeflash.base.rss import current_rss_bytes
 from edgeflash.runtime.budgeted import BudgetedWeights
-from edgeflash.runtime.native_engine import NativeEngine, ResidentWeights
+from edgeflash.runtime.native_engine import NativeEngine
 from edgeflash.runtime.source import ModelSource
 from edgeflash.runtime.sources import open_model
 from edgeflash.runtime.speculative.draft_head import (
@@ -121,7 +121,8 @@ class DraftModelWeights:
         self.source, self.head = source, head
 
     def install(self, engine: NativeEngine) -> None:
-        ResidentWeights({n: t for n, t in self.source.tensors.items() if n != "output.weight"}).install(engine)
+        engine.set_tensors({n: t for n, t in self.source.tensors.items() if n != "output.weight"}, panels=True,
+                           head=False)
         self.head.install(engine._engine)
 
     def stats(self, engine: NativeEngine) -> dict[str, Any]:
