@@ -137,8 +137,9 @@ class NativeEngine:
         Without `head`, the caller installs a head of its own (a draft model's shortlist): a tied
         embedding then stays an embedding, not also laid out as a head nobody reads."""
         native = self._engine
-        if "token_embd.weight" in t:
-            native.set_embedding(*self._matrix(t["token_embd.weight"], embedding=True))
+        if "token_embd.weight" in t:  # only rows are read from it, unless it is also the head installed here
+            rows_only = not (head and self.spec.tied_embeddings)
+            native.set_embedding(*self._matrix(t["token_embd.weight"], rows_only=rows_only))
         head_tensor = t.get("output.weight") if not self.spec.tied_embeddings else t.get("token_embd.weight")
         if head and head_tensor is not None:
             native.set_head(*self._matrix(head_tensor), panels=panels, drop_source=_file_backed(head_tensor.raw))
@@ -160,20 +161,19 @@ class NativeEngine:
                     if name.startswith(prefix) and w.raw.flags.c_contiguous:
                         _drop_file_pages(w.raw)
 
-    def _matrix(self, tensor: Tensor, embedding: bool = False) -> tuple[np.ndarray, str, int, int]:
+    def _matrix(self, tensor: Tensor, rows_only: bool = False) -> tuple[np.ndarray, str, int, int]:
         """(raw bytes, format, rows, cols), converting formats the kernels do not run and, with
-        `requantize`, formats with more bits per weight than it."""
+        `requantize`, formats with more bits per weight than it (not a matrix that only gives rows)."""
         raw, fmt = tensor.raw, tensor.fmt
         if isinstance(tensor, ArenaTensor):  # arenas are in kernel formats, laid out by the export
             return np.ascontiguousarray(raw), fmt, tensor.rows, tensor.cols
         target = None
         if fmt not in KERNEL_FORMATS:
             target = "q8_0" if tensor.cols % 32 == 0 else "f16"
-        shared_head = not embedding or self.spec.tied_embeddings  # an untied embedding only gives rows
         wanted = self.requantize
         if wanted and tensor.cols % get_format(wanted).block_elems:
             wanted = REQUANTIZE_FALLBACK
-        if (wanted and shared_head and tensor.cols % 32 == 0
+        if (wanted and not rows_only and tensor.cols % 32 == 0
                 and (target or get_format(fmt).bits_per_weight > get_format(wanted).bits_per_weight)):
             target = wanted
         if target is None:
