@@ -289,35 +289,45 @@ def kernels_ops() -> list[str]:
 # ---- docs/speculative.md ----------------------------------------------------------------------------
 
 def speculative() -> list[str]:
+    """One row per (budget, model, prompt set): the latest run that measured it. A command may
+    measure several budgets; a later command supersedes an earlier one's rows it measured again."""
     recs = read_results("speculative")
-    def order(command: str) -> tuple:
-        budget = next(r["budget"] for r in recs if r["command"] == command)
+
+    def order(budget: str) -> tuple:
         fraction = re.match(r"(\d+)%", budget)
         return (budget != "none", -int(fraction.group(1)) if fraction else 0, budget)
 
-    rows, commands = [], []
-    measured = unique(r["command"] for r in recs if r["metric"] == "speedup" and r.get("budget"))
-    for command in sorted(measured, key=order):
+    latest: dict[tuple[str, str, str], tuple[str, str, list[str]]] = {}  # key -> (run, command, row)
+    measured = unique((r["command"], r["budget"]) for r in recs if r["metric"] == "speedup" and r.get("budget"))
+    for command, budget in measured:
         run = latest_run(recs, lambda rs: any(r["metric"] == "speedup" and r["command"] == command
-                                              and "," in r["config"] for r in rs))
+                                              and r.get("budget") == budget and "," in r["config"] for r in rs))
         if run is None:
             continue
-        rs = [r for r in pick(recs, run=run) if r["command"] == command]
-        budget = rs[0]["budget"]
-        commands.append(f"- {budget}: `{command}` ({rs[0].get('date', '')})")
+        rs = [r for r in pick(recs, run=run) if r["command"] == command and r.get("budget") == budget]
         for model in unique(r["model"] for r in rs):
             for prompts in unique(r["config"].split(", ")[0] for r in pick(rs, model=model)
                                   if "," in r["config"]):
                 speed, acc = [], []
                 for drafter in ("lookup", "self", "draft", "auto"):
                     q = dict(model=model, config=f"{prompts}, {drafter}")
-                    s, a = one(rs, metric="speedup", **q), one(rs, metric="mean_accepted_per_pass", **q)
-                    cell = fmt(s and s["value"], 2, "x")
-                    if s and s.get("low") is not None:  # runs that record the worst prompt
-                        cell += f" (worst {s['low']:.2f}x)"
+                    sp, a = one(rs, metric="speedup", **q), one(rs, metric="mean_accepted_per_pass", **q)
+                    cell = fmt(sp and sp["value"], 2, "x")
+                    if sp and sp.get("low") is not None:  # runs that record the worst prompt
+                        cell += f" (worst {sp['low']:.2f}x)"
                     speed.append(cell)
                     acc.append(fmt(a and a["value"], 2))
-                rows.append([budget, model, prompts] + speed + [" / ".join(acc)])
+                key = (budget, model, prompts.split(" x")[0])
+                if key not in latest or run > latest[key][0]:
+                    latest[key] = (run, command, [budget, model, prompts] + speed + [" / ".join(acc)])
+    kept = sorted(latest.values(), key=lambda v: (order(v[2][0]), v[0]))
+    rows = [row for _, _, row in kept]
+    commands = []
+    for run, command, row in kept:
+        date = next(r.get("date", "") for r in recs if r["run"] == run)
+        line = f"- {row[0]}: `{command}` ({date})"
+        if line not in commands:
+            commands.append(line)
     out = md_table(["budget", "model", "prompts", "lookup", "self", "draft", "auto",
                     "mean accepted per pass (lookup / self / draft / auto)"], rows)
     return out + ["", "Commands (date measured):"] + commands
