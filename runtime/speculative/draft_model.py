@@ -181,8 +181,9 @@ def budgeted_draft_weights(draft: ModelSource, target: ModelSource, context: int
 
 
 def model_drafter(path: str | Path, target: NativeEngine, shortlist: int | None = None,
-                  budget: int | None = None) -> ModelDrafter:
-    """The draft model at `path` drafting for `target`; within `budget` bytes if given."""
+                  budget: int | None = None, requantize: str | None = DRAFT_REQUANTIZE) -> ModelDrafter:
+    """The draft model at `path` drafting for `target`; within `budget` bytes if given. Without a
+    budget its wider matrices become `requantize` at load (None: as the file holds them)."""
     source = open_draft_model(path, target.source, verify=budget is None)
     head_name = head_tensor_name(source)
     head_tensor = source.tensors[head_name]
@@ -197,7 +198,7 @@ def model_drafter(path: str | Path, target: NativeEngine, shortlist: int | None 
         weights = BudgetedDraftWeights(planned, head)
     options = draft_options(source, target.context_length, target.kv_format, budget is not None)
     engine = NativeEngine(source, weights=weights, threads=target.threads, options=options,
-                          requantize=DRAFT_REQUANTIZE if budget is None else None)
+                          requantize=requantize if budget is None else None)
     engine.name = "draft-model"
     return ModelDrafter(engine, head, "draft")
 
