@@ -6,9 +6,9 @@
 // Weights stay in their GGML layout. A panel is decoded on the fly: the codes of each 32-element
 // block ("unit") of the 16 rows are transposed into 8 registers (register g, lane i = codes
 // 4g..4g+3 of row i, as unsigned bytes), and the scales of all units are gathered first into a
-// small per-thread table (lane i = row i). With up to 8 tokens the decoded registers are used
-// at once; with more, the whole panel is decoded once into per-thread scratch (L1/L2) and every
-// tile of 8 tokens reads it from there, so weight decoding is amortized over all tokens.
+// small per-thread table (lane i = row i). With up to 16 tokens (two tiles) the decoded registers
+// are used at once; with more, the whole panel is decoded once into per-thread scratch (L1/L2) and
+// every tile of 8 tokens reads it from there, so weight decoding is amortized over all tokens.
 //
 // Batch invariance: every output y[t, r] is computed by the same sequence of float operations
 // whatever the number of tokens, the tile a token falls in, the panel or lane a row falls in and
@@ -642,12 +642,24 @@ EF_INLINE void store_tile(const __m512 acc[NT], float* y, int64_t t0, int64_t ld
 // (two gathers of 4): a small table that stays in L1, read right after the bytes it came from.
 constexpr int kGroupUnits = 8;
 
-// Up to 8 tokens: decode each step of units and use it at once, scales a group at a time.
+// Tokens a panel is decoded for once and used at once: two tiles. The second tile's accumulators
+// do not all fit in registers, but spilling them costs less than decoding the panel into scratch and
+// reading it back per tile (panel_packed: on an 8960 x 1536 matrix 9 tokens cost 1.4x what 8 do that
+// way, 1.03-1.08x this way). With three or four tiles the spills cost more than the scratch.
+constexpr int kDirectTokens = 2 * kTileTokens;
+
+constexpr int tile_size(int nt, int k) { return std::clamp(nt - k * kTileTokens, 0, kTileTokens); }
+
+// Up to kDirectTokens tokens: decode each step of units and use it at once for every tile,
+// scales a group at a time.
 template <class F, int NT, class Src>
 void panel_direct(const Src& P, int64_t nu, const Q8View& x, int64_t t0, float* y, int64_t ldy, __mmask16 valid,
                   const Prefetch& pf) {
   static_assert(kGroupUnits % F::kStepUnits == 0, "a group holds whole steps");
-  const Tokens<NT> tk(x, t0, F::kSplit);
+  static_assert(NT <= kDirectTokens, "at most kDirectTokens");
+  constexpr int N0 = tile_size(NT, 0), N1 = tile_size(NT, 1);
+  const Tokens<N0> tk0(x, t0, F::kSplit);
+  const Tokens<std::max(N1, 1)> tk1(x, t0 + kTileTokens, F::kSplit);  // only pointers: unread when N1 = 0
   alignas(64) float tab[kGroupUnits * F::kSV * kPanelRows];
   __m512 acc[NT];
   for (int t = 0; t < NT; ++t) acc[t] = _mm512_setzero_ps();
@@ -660,7 +672,9 @@ void panel_direct(const Src& P, int64_t nu, const Q8View& x, int64_t t0, float* 
       F::codes(P, step, w);
       for (int j = 0; j < F::kStepUnits; ++j) {
         const int64_t u = step * F::kStepUnits + j;
-        unit_tokens<F, NT>(w[j], tab + (u - g0) * F::kSV * kPanelRows, tk, u, acc);
+        const float* scales = tab + (u - g0) * F::kSV * kPanelRows;
+        unit_tokens<F, N0>(w[j], scales, tk0, u, acc);
+        if constexpr (N1 > 0) unit_tokens<F, N1>(w[j], scales, tk1, u, acc + kTileTokens);
       }
     }
   }
@@ -700,7 +714,7 @@ void panel_tiles(const __m512i* codes, int64_t nu, const float* tab, const Q8Vie
   }
 }
 
-// More than 8 tokens: decode the whole panel once (scales and codes) and run every tile of
+// More than kDirectTokens tokens: decode the whole panel once (scales and codes) and run every tile of
 // tokens over it from L1/L2.
 template <class F, class Src>
 void panel_packed(const Src& P, int64_t nu, float* tab, __m512i* codes, const Q8View& x, int64_t t0, int64_t t1,
@@ -716,19 +730,24 @@ void panel_packed(const Src& P, int64_t nu, float* tab, __m512i* codes, const Q8
   panel_tiles<F>(codes, nu, tab, x, t0, t1, y, ldy, valid);
 }
 
+// panel_direct for the NT in [N, kDirectTokens] that equals nt.
+template <class F, class Src, int N = 1>
+void panel_direct_n(int64_t nt, const Src& P, int64_t nu, const Q8View& x, int64_t t0, float* y, int64_t ldy,
+                    __mmask16 valid, const Prefetch& pf) {
+  if (nt == N) {
+    panel_direct<F, N>(P, nu, x, t0, y, ldy, valid, pf);
+  } else if constexpr (N < kDirectTokens) {
+    panel_direct_n<F, Src, N + 1>(nt, P, nu, x, t0, y, ldy, valid, pf);
+  }
+}
+
 template <class F, class Src>
 void run_panel(const Src& P, int64_t nu, float* tab, __m512i* codes, const Q8View& x, int64_t t0, int64_t t1,
                float* yp, int64_t ldy, __mmask16 vm, const Prefetch& pf) {
-  switch (t1 - t0) {
-    case 1: panel_direct<F, 1>(P, nu, x, t0, yp, ldy, vm, pf); break;
-    case 2: panel_direct<F, 2>(P, nu, x, t0, yp, ldy, vm, pf); break;
-    case 3: panel_direct<F, 3>(P, nu, x, t0, yp, ldy, vm, pf); break;
-    case 4: panel_direct<F, 4>(P, nu, x, t0, yp, ldy, vm, pf); break;
-    case 5: panel_direct<F, 5>(P, nu, x, t0, yp, ldy, vm, pf); break;
-    case 6: panel_direct<F, 6>(P, nu, x, t0, yp, ldy, vm, pf); break;
-    case 7: panel_direct<F, 7>(P, nu, x, t0, yp, ldy, vm, pf); break;
-    case 8: panel_direct<F, 8>(P, nu, x, t0, yp, ldy, vm, pf); break;
-    default: panel_packed<F>(P, nu, tab, codes, x, t0, t1, yp, ldy, vm, pf); break;
+  if (t1 - t0 <= kDirectTokens) {
+    panel_direct_n<F>(t1 - t0, P, nu, x, t0, yp, ldy, vm, pf);
+  } else {
+    panel_packed<F>(P, nu, tab, codes, x, t0, t1, yp, ldy, vm, pf);
   }
 }
 
@@ -770,8 +789,9 @@ template <class F, bool Packed>
 void gemm_panels(const RowsView& w, int64_t r0, int64_t r1, const Q8View& x, int64_t t0, int64_t t1, float* y,
                  int64_t ldy) {
   const int64_t nu = w.cols / 32, nt = t1 - t0;
-  float* tab = nt > kTileTokens ? panel_scratch<float>(static_cast<size_t>(nu * F::kSV * kPanelRows), 0) : nullptr;
-  __m512i* codes = nt > kTileTokens ? panel_scratch<__m512i>(static_cast<size_t>(nu * 8), 1) : nullptr;
+  const bool packed = nt > kDirectTokens;  // run_panel's choice
+  float* tab = packed ? panel_scratch<float>(static_cast<size_t>(nu * F::kSV * kPanelRows), 0) : nullptr;
+  __m512i* codes = packed ? panel_scratch<__m512i>(static_cast<size_t>(nu * 8), 1) : nullptr;
   for_each_panel(w, r0, r1, nu / F::kStepUnits, y,
                  [&](int64_t p0, int valid, __mmask16 vm, float* yp, const Prefetch& pf) {
                    if constexpr (Packed) {
