@@ -32,10 +32,11 @@ from dataclasses import dataclass, field
 import numpy as np
 
 SMOOTHING = 0.25  # weight of the newest measurement in the running averages of costs
-# Before any pass is measured, each node adds this share of a plain step: what a resident model's
-# pass costs on a CPU, whose matrix products at 2-4 rows cost 1.2-2.4x one row (Qwen2.5-Coder-1.5B
-# on 2 cores: 1.04-1.10x a plain step at 2 nodes, 1.30-1.45x at 3, 1.73-2.05x at 4). A flash-bound
-# pass measures far less after its first pass; guessing low costs losing passes until then.
+# Before any pass is measured, each node adds this share of a plain step: about what a resident
+# model's pass costs on a CPU, whose matrix products of a few rows are bound by arithmetic
+# (Qwen2.5-Coder-1.5B on 2 cores, default q8x2 activations, benchmarks/speculative/verify_cost.py:
+# 1.2-1.3x a plain step at 2 nodes, 1.4-1.7x at 4, 2.5-3.0x at 8). A flash-bound pass measures far
+# less after its first pass; guessing low costs losing passes until then.
 PRIOR_SLOPE = 0.35
 REMEASURE_PLAIN = 32  # a plain step now and then keeps the plain cost current
 GUARD_PASSES = 8  # speculative steps whose realized tokens per second are compared with plain decoding

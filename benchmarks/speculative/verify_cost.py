@@ -1,0 +1,89 @@
+"""What a verification pass costs by its width, against a plain one-token step, in one process: the
+fact that bounds every speculation speedup on a CPU (each node of a tree is a row of every matrix
+product, and past a few rows the products are bound by arithmetic, not by reading the weights).
+
+    python benchmarks/speculative/verify_cost.py                          # Qwen2.5-Coder-1.5B, q8x2 and q8
+    python benchmarks/speculative/verify_cost.py --model qwen2.5-coder-0.5b --widths 2 4 8 --record
+
+A chain of `w` nodes is verified the way the speculative decoder does it (`forward_tree`, greedy
+argmax only) after 64 cached tokens; widths and activation modes take turns round by round, so a
+slow moment of a shared machine hits them alike. `--record` appends to
+benchmarks/results/speculative.jsonl (metric verify_cost_ratio, one record per width).
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+import edgeflash as ef
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "results"))
+from record import append_results, new_run_id
+
+CACHED = 64
+TEXT = "def fibonacci(n):\n    '''Return the n-th Fibonacci number.'''\n    a, b = 0, 1\n" * 12
+
+
+def pass_seconds(engine, ids: list[int], width: int) -> float:
+    """Seconds of one pass of `width` chain nodes (1: a plain step), the cache left as it was."""
+    tokens = ids[CACHED:CACHED + width]
+    start = time.perf_counter()
+    if width == 1:
+        engine.forward(tokens)
+        elapsed = time.perf_counter() - start
+        engine.truncate(CACHED)
+        return elapsed
+    engine.forward_tree(tokens, list(range(width)), np.tril(np.ones((width, width), np.uint8)), argmax_only=True)
+    return time.perf_counter() - start
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--model", default="qwen2.5-coder-1.5b")
+    p.add_argument("--activations", nargs="+", default=["q8x2", "q8"], choices=["q8x2", "q8"])
+    p.add_argument("--widths", nargs="+", type=int, default=[2, 3, 4, 5, 6, 8, 12, 16])
+    p.add_argument("--rounds", type=int, default=7)
+    p.add_argument("--record", action="store_true")
+    args = p.parse_args()
+
+    models = {a: ef.load(args.model, kv_cache="q8_0", context_length=1024, activations=a) for a in args.activations}
+    ids = models[args.activations[0]].encode(TEXT)
+    if len(ids) < CACHED + max(args.widths):
+        raise SystemExit(f"the sample text gives {len(ids)} tokens, fewer than {CACHED + max(args.widths)}")
+    widths = [1] + sorted(set(args.widths) - {1})
+    times = {(a, w): [] for a in models for w in widths}
+    for m in models.values():
+        m.engine.reset()
+        m.engine.forward(ids[:CACHED])
+        pass_seconds(m.engine, ids, max(widths))  # warm: scratch buffers at their largest
+    for _ in range(args.rounds):
+        for a, m in models.items():
+            for w in widths:
+                times[a, w].append(pass_seconds(m.engine, ids, w))
+
+    print(f"{args.model}: a pass of w chain nodes over a plain step, median of {args.rounds} rounds")
+    print("| activations | plain step ms | " + " | ".join(f"w={w}" for w in widths[1:]) + " |")
+    print("|---|---|" + "---|" * (len(widths) - 1))
+    run, records = new_run_id(), []
+    command = "python benchmarks/speculative/verify_cost.py " + " ".join(sys.argv[1:])
+    for a in models:
+        plain = statistics.median(times[a, 1])
+        ratios = {w: statistics.median(times[a, w]) / plain for w in widths[1:]}
+        print(f"| {a} | {plain * 1e3:.1f} | " + " | ".join(f"{r:.2f}" for r in ratios.values()) + " |")
+        records += [{"run": run, "model": args.model, "config": f"{a} activations, width {w}",
+                     "metric": "verify_cost_ratio", "value": round(r, 3), "unit": "x", "rounds": args.rounds,
+                     "command": command.strip(), "notes": f"plain step {plain * 1e3:.1f} ms"}
+                    for w, r in ratios.items()]
+    if args.record:
+        append_results("speculative", records)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
