@@ -65,9 +65,9 @@ RUN = textwrap.dedent("""
     from edgeflash.memory.planner import BudgetError
     from edgeflash.runtime.speculative.draft_model import find_draft_model
     model, budget, tokens, drafters = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4].split(",")
-    context, kv_cache = int(sys.argv[5]), sys.argv[6]
+    context, kv_cache, activations = int(sys.argv[5]), sys.argv[6], sys.argv[7]
     prompts = json.loads(sys.stdin.read())
-    opts = {"kv_cache": kv_cache}
+    opts = {"kv_cache": kv_cache, "activations": activations}
     if budget != "none":
         opts.update(memory_budget=int(budget), context_length=context)
     plain = ef.load(model, **opts)
@@ -132,6 +132,9 @@ def main() -> None:
     p.add_argument("--budgets", nargs="+", default=["none", "0.25"], help="none and/or fractions of the model file")
     p.add_argument("--context", type=int, default=512, help="context length of the budgeted runs (KV cache)")
     p.add_argument("--kv-cache", choices=["f16", "q8_0"], default="f16")
+    p.add_argument("--activations", choices=["q8x2", "q8"], default="q8x2",
+                   help="how activations meet quantized weights, for plain decoding and speculation alike "
+                        "(q8: one int8 row per token, half the arithmetic of q8x2 in a verification pass)")
     p.add_argument("--drafters", nargs="+", default=list(DRAFTERS), choices=DRAFTERS)
     p.add_argument("--source", choices=["auto", "gguf", "bundle"], default="auto",
                    help="the models' GGUF files as their aliases give them, or q4_0 bundles exported once; "
@@ -159,7 +162,7 @@ def main() -> None:
         for budget in args.budgets:
             b = "none" if budget == "none" else str(int(size * float(budget)))
             proc = subprocess.run([sys.executable, "-c", RUN, path, b, str(args.tokens), ",".join(args.drafters),
-                                   str(args.context), args.kv_cache],
+                                   str(args.context), args.kv_cache, args.activations],
                                   input=json.dumps(prompts), capture_output=True, text=True, cwd="/", check=False)
             sys.stderr.write(proc.stderr[-3000:])
             if proc.returncode != 0:
@@ -175,6 +178,8 @@ def main() -> None:
 def summarize(result: dict, model: str, budget: str, budget_bytes: str, args, source: str, run_id: str,
               command: str) -> list:
     rows, records = result["rows"], []
+    if args.activations != "q8x2":  # the default goes unnamed, as in the records made before the option
+        model = f"{model} ({args.activations} activations)"
     common = {"run": run_id, "model": model, "budget": budget, "command": command}
     if budget_bytes != "none":
         common["budget_mb"] = round(int(budget_bytes) / 1e6)
