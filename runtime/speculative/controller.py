@@ -43,7 +43,14 @@ GUARD_PASSES = 8  # speculative steps whose realized tokens per second are compa
 GUARD_MIN = 3  # steps a guard needs before it judges (a probe that loses costs this many steps)
 MAX_PAUSE = 64  # longest run of steps without the guarded path between probes while it does not pay
 PROBE_EVERY = 16  # a draft model that has not drafted for this many steps drafts once (costs change)
-CATCH_UP_HORIZON = 16  # steps a draft model's catch-up on the context is expected to serve
+# A draft model's catch-up on the context (a new prompt) serves the steps the answer has yet to take,
+# which only its length so far tells: it is charged its share of this many steps, or of the steps
+# taken so far when fewer (a 13-token answer to a 201-token question paid a catch-up on the whole
+# question, 0.75x plain decoding).
+CATCH_UP_HORIZON = 16
+# A catch-up's seconds per context token as a share of a plain step, until measured (a batched
+# forward: Qwen2.5-Coder-0.5B catching up for the 1.5B, 0.035).
+CATCH_UP_PRIOR = 0.04
 MARGIN = 1.02  # a tree must promise this much more than a plain step, against measurement noise
 WIN_MARGIN = 1.1  # a guard shortens its pause only for a path this much faster than plain decoding
 RUNNER_UP = "+runner-up"  # suffix of the origin of a draft model's second choice (calibrated apart)
@@ -218,7 +225,7 @@ class Controller:
         probability `reach`, the tree already holding `width` nodes worth verifying. `first`: the
         draft's first token this step (a drafter idle for PROBE_EVERY steps drafts it anyway, if
         catching up costs no more than that idle stretch), `behind` context tokens its cache must
-        take in first: a long catch-up (a new prompt) is charged its share of CATCH_UP_HORIZON steps."""
+        take in first: a long catch-up (a new prompt) is charged its share of the steps it can serve."""
         if width >= self.max_nodes:
             return False
         if first and self.guards.setdefault(origin, Guard()).paused():  # it lost lately: benched
@@ -230,7 +237,8 @@ class Controller:
         plain = self.costs.plain or 1.0
         draft = self.costs.draft.get(origin, 0.0)
         if first and behind > 2:
-            draft += behind * self.costs.catch_up.get(origin, 0.0) / CATCH_UP_HORIZON
+            per_token = self.costs.catch_up.get(origin, CATCH_UP_PRIOR * plain)
+            draft += behind * per_token / min(CATCH_UP_HORIZON, max(1, self.steps))
         worth = reach * self.acceptance.recent(origin) * plain
         extra = self.costs.pass_cost(width + 1) - self.costs.pass_cost(width)
         if worth > draft + extra:

@@ -8,6 +8,7 @@ import itertools
 
 import pytest
 from edgeflash.runtime.speculative.controller import (
+    CATCH_UP_HORIZON,
     GUARD_MIN,
     MAX_PAUSE,
     PRIOR_SLOPE,
@@ -212,8 +213,22 @@ def test_a_long_catch_up_is_charged_to_the_first_draft_token():
     for _ in range(50):
         c.acceptance.record("draft", 0.95, 1, True)
     c.acceptance.model_recent["draft"] = 0.7
-    c.plain_now()
+    c.steps += 2 * CATCH_UP_HORIZON
     assert c.draft_more("draft", 1.0, 1, first=True, behind=2)
     assert not c.draft_more("draft", 1.0, 1, first=True, behind=200)  # 200 x 0.05 / 16 = 0.63 plain steps
     c.steps += 10 * PROBE_EVERY
     assert not c.draft_more("draft", 1.0, 1, first=True, behind=200)
+
+
+def test_a_catch_up_waits_until_the_answer_has_shown_it_is_long():
+    """At the start of an answer the catch-up is charged to the few steps taken so far, since the
+    answer may end after them; as it goes on the charge falls to its share of CATCH_UP_HORIZON steps.
+    Before any catch-up is measured, a prior stands in for its cost."""
+    c = Controller(16, costs(lambda w: PLAIN * (1 + 0.1 * (w - 1))), Acceptance())
+    c.costs.record_draft("draft", 0.2 * PLAIN)
+    c.acceptance.model_recent["draft"] = 0.7
+    asked = []
+    for _ in range(CATCH_UP_HORIZON):
+        c.steps += 1
+        asked.append(c.draft_more("draft", 1.0, 1, first=True, behind=50))  # 50 x 0.04 = 2 plain steps
+    assert asked[:3] == [False] * 3 and asked[-1]  # 2 / 16 = 0.13: worth its 0.7 plain steps of tokens
