@@ -48,9 +48,7 @@ PROBE_EVERY = 16  # a draft model that has not drafted for this many steps draft
 # taken so far when fewer (a 13-token answer to a 201-token question paid a catch-up on the whole
 # question, 0.75x plain decoding).
 CATCH_UP_HORIZON = 16
-# A catch-up's seconds per context token as a share of a plain step, until measured (a batched
-# forward: Qwen2.5-Coder-0.5B catching up for the 1.5B, 0.035).
-CATCH_UP_PRIOR = 0.04
+FIRST_CATCH_UP = 8  # a draft model that never caught up does so this many steps into an answer
 MARGIN = 1.02  # a tree must promise this much more than a plain step, against measurement noise
 WIN_MARGIN = 1.1  # a guard shortens its pause only for a path this much faster than plain decoding
 RUNNER_UP = "+runner-up"  # suffix of the origin of a draft model's second choice (calibrated apart)
@@ -237,8 +235,12 @@ class Controller:
         plain = self.costs.plain or 1.0
         draft = self.costs.draft.get(origin, 0.0)
         if first and behind > 2:
-            per_token = self.costs.catch_up.get(origin, CATCH_UP_PRIOR * plain)
-            draft += behind * per_token / min(CATCH_UP_HORIZON, max(1, self.steps))
+            if origin not in self.costs.catch_up:  # what a catch-up costs is measured once, not guessed
+                if self.steps < FIRST_CATCH_UP:
+                    return False
+                self.last_draft[origin] = self.steps
+                return True
+            draft += behind * self.costs.catch_up[origin] / min(CATCH_UP_HORIZON, max(1, self.steps))
         worth = reach * self.acceptance.recent(origin) * plain
         extra = self.costs.pass_cost(width + 1) - self.costs.pass_cost(width)
         if worth > draft + extra:

@@ -213,11 +213,12 @@ def test_speculative_sampling_keeps_the_model_distribution(smol_bundle, smollm_p
 
 
 def _free_passes(drafters, greedy: bool = False) -> None:
-    """Tell the controller that verification and drafting cost nothing next to a plain step (so a
-    slow moment of a shared machine cannot pause speculation)."""
+    """Tell the controller that verification, drafting and catching up cost nothing next to a plain
+    step (so a slow moment of a shared machine cannot pause speculation)."""
     costs, acceptance, guards = drafters.state(greedy=greedy)
     guards.clear()  # what real passes taught the guards before
     costs.plain, costs.verify, costs.draft = 1.0, {w: 1.0 for w in range(2, 65)}, {"draft": 0.0, "self": 0.0}
+    costs.catch_up = {"draft": 0.0, "self": 0.0}
     acceptance.lookup[:] = 0.9
     acceptance.model_recent["draft"] = acceptance.model_recent["self"] = 0.9
 

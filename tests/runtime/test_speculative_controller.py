@@ -9,6 +9,7 @@ import itertools
 import pytest
 from edgeflash.runtime.speculative.controller import (
     CATCH_UP_HORIZON,
+    FIRST_CATCH_UP,
     GUARD_MIN,
     MAX_PAUSE,
     PRIOR_SLOPE,
@@ -221,14 +222,25 @@ def test_a_long_catch_up_is_charged_to_the_first_draft_token():
 
 
 def test_a_catch_up_waits_until_the_answer_has_shown_it_is_long():
-    """At the start of an answer the catch-up is charged to the few steps taken so far, since the
+    """At the start of an answer a catch-up is charged to the few steps taken so far, since the
     answer may end after them; as it goes on the charge falls to its share of CATCH_UP_HORIZON steps.
-    Before any catch-up is measured, a prior stands in for its cost."""
-    c = Controller(16, costs(lambda w: PLAIN * (1 + 0.1 * (w - 1))), Acceptance())
+    A draft model that never caught up does so FIRST_CATCH_UP steps into an answer, whatever the
+    priors say, so that what it costs gets measured."""
+    def controller() -> Controller:
+        c = Controller(16, costs(lambda w: PLAIN * (1 + 0.1 * (w - 1))), Acceptance())
+        c.acceptance.model_recent["draft"] = 0.7
+        return c
+
+    def asked(c: Controller, steps: int) -> list[bool]:
+        out = []
+        for _ in range(steps):
+            c.steps += 1
+            out.append(c.draft_more("draft", 1.0, 1, first=True, behind=50))
+        return out
+
+    assert asked(controller(), FIRST_CATCH_UP) == [False] * (FIRST_CATCH_UP - 1) + [True]
+    c = controller()
     c.costs.record_draft("draft", 0.2 * PLAIN)
-    c.acceptance.model_recent["draft"] = 0.7
-    asked = []
-    for _ in range(CATCH_UP_HORIZON):
-        c.steps += 1
-        asked.append(c.draft_more("draft", 1.0, 1, first=True, behind=50))  # 50 x 0.04 = 2 plain steps
-    assert asked[:3] == [False] * 3 and asked[-1]  # 2 / 16 = 0.13: worth its 0.7 plain steps of tokens
+    c.costs.record_catch_up("draft", 0.04 * PLAIN)  # 50 context tokens: 2 plain steps
+    seen = asked(c, CATCH_UP_HORIZON)
+    assert seen[:3] == [False] * 3 and seen[-1]  # 2 / 16 = 0.13: worth its 0.7 plain steps of tokens
