@@ -47,6 +47,7 @@ class SpeculativeDecoder:
         self.engine, self.drafters, self.sampler = engine, drafters, sampler
         self.greedy = sampler.params.greedy and not sampler.params.penalized
         self.controller = Controller(max_nodes, *drafters.state(self.greedy))
+        self.controller.acceptance.new_text()
         self.stats = SpecStats()
 
     def step(self, history: list[int], room: int | None = None) -> list[int]:

@@ -244,3 +244,17 @@ def test_a_catch_up_waits_until_the_answer_has_shown_it_is_long():
     c.costs.record_catch_up("draft", 0.04 * PLAIN)  # 50 context tokens: 2 plain steps
     seen = asked(c, CATCH_UP_HORIZON)
     assert seen[:3] == [False] * 3 and seen[-1]  # 2 / 16 = 0.13: worth its 0.7 plain steps of tokens
+
+
+def test_lookup_rates_start_from_their_prior_in_each_answer():
+    """Lookup rates follow the text, so a new answer starts them afresh; what was learned of a draft
+    model's probabilities is kept."""
+    a = Acceptance()
+    for _ in range(5):
+        a.record("lookup", 3, 1, True)
+        a.record("draft", 0.55, 1, False)
+    assert a.estimate("lookup", 3, 1) > 0.9
+    model = a.estimate("draft", 0.55, 1)
+    a.new_text()
+    assert a.estimate("lookup", 3, 1) == Acceptance.LOOKUP_PRIOR
+    assert a.estimate("draft", 0.55, 1) == model < 0.5
