@@ -103,9 +103,13 @@ class Acceptance:
 
     BINS = 10  # draft-model probability bins
     COUNT_CAP = 200.0  # a model bin's counts are halved beyond this, so it keeps adapting
-    LOOKUP_PRIOR = 0.5
+    # Lookup rates follow the text, which either copies (grounded prompts: 4-7 tokens accepted a
+    # pass) or does not (open-ended answers: under 1): the newest outcome weighs half, and a new
+    # answer starts below even odds, so lookup proposing where the text does not repeat costs two
+    # failed passes, not five (what 13-token answers lost at 0.5 and 0.3).
+    LOOKUP_PRIOR = 0.35
     LOOKUP_SLOTS = 6
-    LOOKUP_WEIGHT = 0.3  # lookup rates follow the text: the newest outcome weighs this much
+    LOOKUP_WEIGHT = 0.5
     DRIFT = 0.01  # per step without a test, estimates drift back toward their prior (so they get tested)
 
     def __init__(self) -> None:
