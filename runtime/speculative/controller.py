@@ -35,9 +35,10 @@ SMOOTHING = 0.25  # weight of the newest measurement in the running averages of 
 # Before any pass is measured, each node adds this share of a plain step: about what a resident
 # model's pass costs on a CPU, whose matrix products of a few rows are bound by arithmetic
 # (Qwen2.5-Coder-1.5B on 2 cores, default q8x2 activations, benchmarks/speculative/verify_cost.py:
-# 1.2-1.3x a plain step at 2 nodes, 1.4-1.7x at 4, 2.5-3.0x at 8). A flash-bound pass measures far
-# less after its first pass; guessing low costs losing passes until then.
-PRIOR_SLOPE = 0.35
+# 1.1-1.3x a plain step at 2 nodes, 1.4-1.7x at 4, 2.5-2.7x at 8). A flash-bound pass measures far
+# less after its first pass. A lookup node at its prior must be worth a pass at this price, or
+# nothing would ever be verified and measured (test_lookup_at_its_prior_is_verified_unmeasured).
+PRIOR_SLOPE = 0.25
 REMEASURE_PLAIN = 32  # a plain step now and then keeps the plain cost current
 GUARD_PASSES = 8  # speculative steps whose realized tokens per second are compared with plain decoding
 GUARD_MIN = 3  # steps a guard needs before it judges (a probe that loses costs this many steps)

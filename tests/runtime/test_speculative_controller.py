@@ -258,3 +258,11 @@ def test_lookup_rates_start_from_their_prior_in_each_answer():
     a.new_text()
     assert a.estimate("lookup", 3, 1) == Acceptance.LOOKUP_PRIOR
     assert a.estimate("draft", 0.55, 1) == model < 0.5
+
+
+def test_lookup_at_its_prior_is_verified_unmeasured():
+    """With no pass measured yet, a lookup node at its prior acceptance is worth a pass at the prior
+    price: otherwise lookup alone would never verify, and so never measure what a pass costs."""
+    c = CostModel()
+    c.record_plain(PLAIN)
+    assert Controller(16, c, Acceptance()).select(lookup_chain([1])) is not None
