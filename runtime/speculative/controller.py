@@ -32,13 +32,14 @@ from dataclasses import dataclass, field
 import numpy as np
 
 SMOOTHING = 0.25  # weight of the newest measurement in the running averages of costs
-# Before any pass is measured, each node adds this share of a plain step: about what a resident
-# model's pass costs on a CPU, whose matrix products of a few rows are bound by arithmetic
-# (Qwen2.5-Coder-1.5B on 2 cores, default q8x2 activations, benchmarks/speculative/verify_cost.py:
-# 1.1-1.3x a plain step at 2 nodes, 1.4-1.7x at 4, 2.5-2.7x at 8). A flash-bound pass measures far
-# less after its first pass. A lookup node at its prior must be worth a pass at this price, or
-# nothing would ever be verified and measured (test_lookup_at_its_prior_is_verified_unmeasured).
-PRIOR_SLOPE = 0.25
+# Before any pass is measured, each node adds this share of a plain step: on the high side of what
+# a resident model's pass costs on a CPU, whose matrix products of a few rows are bound by
+# arithmetic (Qwen2.5-Coder-1.5B on 2 cores, default q8x2 activations,
+# benchmarks/speculative/verify_cost.py: 1.1-1.3x a plain step at 2 nodes, 1.4-1.7x at 4, 2.5-2.7x
+# at 8). A flash-bound pass measures far less after its first pass; guessing low costs losing passes
+# until then. A lookup node at its prior must still be worth a pass at this price, or nothing would
+# ever be verified and measured (test_lookup_at_its_prior_is_verified_unmeasured).
+PRIOR_SLOPE = 0.35
 REMEASURE_PLAIN = 32  # a plain step now and then keeps the plain cost current
 GUARD_PASSES = 8  # speculative steps whose realized tokens per second are compared with plain decoding
 GUARD_MIN = 3  # steps a guard needs before it judges (a probe that loses costs this many steps)
@@ -104,13 +105,9 @@ class Acceptance:
 
     BINS = 10  # draft-model probability bins
     COUNT_CAP = 200.0  # a model bin's counts are halved beyond this, so it keeps adapting
-    # Lookup rates follow the text, which either copies (grounded prompts: 4-7 tokens accepted a
-    # pass) or does not (open-ended answers: under 1): the newest outcome weighs half, and a new
-    # answer starts below even odds, so lookup proposing where the text does not repeat costs two
-    # failed passes, not five (what 13-token answers lost at 0.5 and 0.3).
-    LOOKUP_PRIOR = 0.35
+    LOOKUP_PRIOR = 0.5
     LOOKUP_SLOTS = 6
-    LOOKUP_WEIGHT = 0.5
+    LOOKUP_WEIGHT = 0.3  # lookup rates follow the text: the newest outcome weighs this much
     DRIFT = 0.01  # per step without a test, estimates drift back toward their prior (so they get tested)
 
     def __init__(self) -> None:
