@@ -35,7 +35,7 @@ SMOOTHING = 0.25  # weight of the newest measurement in the running averages of 
 # Before any pass is measured, each node adds this share of a plain step: on the high side of what
 # a resident model's pass costs on a CPU, whose matrix products of a few rows are bound by
 # arithmetic (Qwen2.5-Coder-1.5B on 2 cores, default q8x2 activations,
-# benchmarks/speculative/verify_cost.py: 1.1-1.3x a plain step at 2 nodes, 1.4-1.7x at 4, 2.5-2.7x
+# benchmarks/speculative/verify_cost.py: 1.1-1.3x a plain step at 2 nodes, 1.4-1.7x at 4, 2.3-2.7x
 # at 8). A flash-bound pass measures far less after its first pass; guessing low costs losing passes
 # until then. A lookup node at its prior must still be worth a pass at this price, or nothing would
 # ever be verified and measured (test_lookup_at_its_prior_is_verified_unmeasured).
