@@ -247,6 +247,14 @@ class PyEngine {
     engine_->forward(tok, pos, n, mask, rows, m, logits, best);
   }
 
+  // The final-normed hidden states of the last forward's logit rows, float32 [rows, d_model].
+  void hidden(Out out) const {
+    const int64_t d = shape().d_model;
+    if (out.dtype() != nb::dtype<float>() || out.size() % static_cast<size_t>(d))
+      throw KernelError("out must be float32 [rows, d_model]");
+    engine_->hidden(static_cast<float*>(out.data()), static_cast<int64_t>(out.size()) / d);
+  }
+
   void commit(const In& nodes) {
     const int64_t n = static_cast<int64_t>(nodes.size());
     engine_->commit(exact<int32_t>(nodes, static_cast<size_t>(n), "nodes"), n);
@@ -445,6 +453,8 @@ void bind_engine(nb::module_& m) {
       .def("forward", &PyEngine::forward, nb::arg("tokens"), nb::arg("positions"), nb::arg("tree_mask").none(),
            nb::arg("logit_rows"), nb::arg("out"))
       .def("commit", &PyEngine::commit)
+      .def("hidden", &PyEngine::hidden, nb::arg("out"),
+           "Copy the final-normed hidden states of the last forward's logit rows into out [rows, d_model].")
       .def("set_profiling", [](PyEngine& e, bool on) { e.set_profiling(on); }, nb::arg("on"),
            "Time each operation of the forward passes from now on (on) or stop (off); clears the times.")
       .def("profile", &PyEngine::profile)

@@ -402,6 +402,7 @@ void Engine::forward(const int32_t* tokens, const int32_t* positions, int64_t n,
     if (logit_rows[r] < 0 || logit_rows[r] >= n) throw engine_error("logit row out of range");
 
   commit(nullptr, 0);  // drop an uncommitted tree from an earlier call
+  hidden_rows_ = 0;
   OpTimer forward_timer(prof(), Op::forward);
   if (profiling_) {
     profile_.passes += 1;
@@ -438,6 +439,7 @@ void Engine::forward(const int32_t* tokens, const int32_t* positions, int64_t n,
     std::memcpy(sel_.data() + r * s.d_model, x_.data() + static_cast<int64_t>(logit_rows[r]) * s.d_model,
                 s.d_model * sizeof(float));
   rms_norm(sel_.data(), out_norm_, sel_.data(), n_logit_rows, s.d_model, s.norm_eps);
+  hidden_rows_ = n_logit_rows;  // the head reads sel_ and leaves it as it is
   OpTimer head_timer(prof(), Op::gemv_head);
   if (!logits) {  // softcapping is monotonic: it does not change the argmax
     compute_argmax(n_logit_rows, argmax);
@@ -587,6 +589,13 @@ void Engine::compute_argmax(int64_t m, int32_t* out) {
     for (int64_t r0 = 0; r0 < head_.rows; r0 += head_step())
       fold(head_rows(r0, std::min(head_step(), head_.rows - r0)), shape_.vocab_begin + r0, nullptr);
   }
+}
+
+void Engine::hidden(float* out, int64_t rows) const {
+  if (rows != hidden_rows_)
+    throw engine_error("hidden: the last forward normed " + std::to_string(hidden_rows_) + " rows, not " +
+                       std::to_string(rows));
+  std::memcpy(out, sel_.data(), static_cast<size_t>(rows * shape_.d_model) * sizeof(float));
 }
 
 void Engine::commit(const int32_t* nodes, int64_t n_nodes) {

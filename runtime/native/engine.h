@@ -122,6 +122,11 @@ class Engine {
   // path order) as the next committed positions; drop the rest of the scratch slots.
   void commit(const int32_t* nodes, int64_t n_nodes);
 
+  // The final-normed hidden state of each logit row of the last forward ([rows, d_model], what
+  // the head multiplied): a feature drafter predicts the next one from it. `rows` must equal the
+  // last call's n_logit_rows.
+  void hidden(float* out, int64_t rows) const;
+
   // Forget committed positions >= n. Returns how many committed positions are still usable:
   // sliding-window layers keep a ring buffer, so rolling back further than its slack loses
   // keys a later token would need, and then nothing is kept (the caller recomputes).
@@ -185,6 +190,7 @@ class Engine {
   int64_t scratch_base_ = 0;    // first scratch slot index (mod capacity) of the last tree forward
   int64_t scratch_count_ = 0;   // tree tokens written by the last forward and not yet committed
   std::vector<int32_t> scratch_positions_;
+  int64_t hidden_rows_ = 0;     // rows of sel_ holding the last forward's normed hidden states
 
   // Work buffers sized for max_batch tokens.
   std::vector<float> x_, h_, q_, k_, v_, attn_, gate_, up_, sel_;
