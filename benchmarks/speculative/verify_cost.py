@@ -19,9 +19,8 @@ import sys
 import time
 from pathlib import Path
 
-import numpy as np
-
 import edgeflash as ef
+from edgeflash.runtime.speculative.tree import DraftTree
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "results"))
 from record import append_results, new_run_id
@@ -39,7 +38,9 @@ def pass_seconds(engine, ids: list[int], width: int) -> float:
         elapsed = time.perf_counter() - start
         engine.truncate(CACHED)
         return elapsed
-    engine.forward_tree(tokens, list(range(width)), np.tril(np.ones((width, width), np.uint8)), argmax_only=True)
+    chain = DraftTree.root(tokens[0])
+    chain.add_chain(0, tokens[1:], width)
+    engine.forward_tree(chain.tokens, chain.depths(), chain.ancestor_mask(), argmax_only=True)
     return time.perf_counter() - start
 
 

@@ -238,24 +238,23 @@ class Controller:
             return False
         if first and behind <= PROBE_EVERY + 2 and \
                 self.steps - self.last_draft.get(origin, self.steps) >= PROBE_EVERY:
-            self.last_draft[origin] = self.steps
-            return True
+            return self._drafts(origin)
         plain = self.costs.plain or 1.0
         draft = self.costs.draft.get(origin, 0.0)
         if first and behind > 2:
             if origin not in self.costs.catch_up:  # what a catch-up costs is measured once, not guessed
-                if self.steps < FIRST_CATCH_UP:
-                    return False
-                self.last_draft[origin] = self.steps
-                return True
+                return self.steps >= FIRST_CATCH_UP and self._drafts(origin)
             draft += behind * self.costs.catch_up[origin] / min(CATCH_UP_HORIZON, max(1, self.steps))
         worth = reach * self.acceptance.recent(origin) * plain
         extra = self.costs.pass_cost(width + 1) - self.costs.pass_cost(width)
         if worth > draft + extra:
-            self.last_draft[origin] = self.steps
-            return True
+            return self._drafts(origin)
         self.last_draft.setdefault(origin, self.steps)
         return False
+
+    def _drafts(self, origin: str) -> bool:
+        self.last_draft[origin] = self.steps
+        return True
 
     # -- choosing the tree -----------------------------------------------------------------------
 
