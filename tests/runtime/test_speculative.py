@@ -174,8 +174,35 @@ def test_rejection_rule_samples_the_target_distribution():
     assert chi2 < 18.5  # 4 degrees of freedom, p = 0.001
 
 
+SAMPLING_PROMPT = "one two three, one two three, one two three, one two"
+SAMPLING_PARAMS = {"max_tokens": 3, "temperature": 0.8, "top_k": 8}
+SAMPLING_RUNS = 600
+
+
+def _sampled_histogram(m, kind: str, n: int) -> tuple[dict, int]:
+    """({token tuple: count} over seeds 0..n-1 of SAMPLING_PROMPT with `kind`, verification passes)."""
+    out: dict = {}
+    passes = 0
+    for seed in range(n):
+        if kind != "none":
+            _free_passes(m._drafter(kind))
+        r = m.generate(SAMPLING_PROMPT, seed=seed, speculative=kind, **SAMPLING_PARAMS)
+        passes += r.stats.get("spec_passes", 0)
+        key = tuple(r.tokens)
+        out[key] = out.get(key, 0) + 1
+    return out, passes
+
+
+@pytest.fixture(scope="module")
+def plain_sampling_histogram(smol_bundle) -> dict:
+    """The plain-decoding side of the sampling test: the same seeded runs whichever drafter is
+    compared with it, so they are sampled once for all of them."""
+    return _sampled_histogram(ef.load(smol_bundle), "none", SAMPLING_RUNS)[0]
+
+
 @pytest.mark.parametrize("drafter", ["lookup", "draft", "auto", "self"])
-def test_speculative_sampling_keeps_the_model_distribution(smol_bundle, smollm_path, drafter):
+def test_speculative_sampling_keeps_the_model_distribution(smol_bundle, smollm_path, plain_sampling_histogram,
+                                                           drafter):
     """End to end on SmolLM2 at temperature 0.8: the first sampled tokens after a repetitive prompt
     have the same joint distribution with speculation as without (two-sample chi-square over the
     common outcomes). `draft`: the GGUF drafts for the q4_0 bundle (close, not equal), the
@@ -184,25 +211,10 @@ def test_speculative_sampling_keeps_the_model_distribution(smol_bundle, smollm_p
     draft model beside lookup, so a tree holds lookup branches, the draft chain and runner-ups.
     `self`: the target's first layers with the same shortlist head a draft model has."""
     m = ef.load(smol_bundle)
-    prompt = "one two three, one two three, one two three, one two"
-    params = {"max_tokens": 3, "temperature": 0.8, "top_k": 8}
     kind = {"lookup": "lookup", "draft": f"draft:{smollm_path}", "auto": f"auto:{smollm_path}", "self": "self"}[drafter]
-    drafted = 0
-
-    def histogram(kind: str, n: int) -> dict:
-        nonlocal drafted
-        out: dict = {}
-        for seed in range(n):
-            if kind != "none":
-                _free_passes(m._drafter(kind))
-            r = m.generate(prompt, seed=seed, speculative=kind, **params)
-            drafted += r.stats.get("spec_passes", 0)
-            key = tuple(r.tokens)
-            out[key] = out.get(key, 0) + 1
-        return out
-
-    n = 600
-    a, b = histogram("none", n), histogram(kind, n)
+    n = SAMPLING_RUNS
+    a = plain_sampling_histogram
+    b, drafted = _sampled_histogram(m, kind, n)
     assert drafted >= n // 2  # most generations verified drafts
     keys = [k for k in set(a) | set(b) if a.get(k, 0) + b.get(k, 0) >= 20]
     chi2 = sum((a.get(k, 0) - b.get(k, 0)) ** 2 / (a.get(k, 0) + b.get(k, 0)) for k in keys)
