@@ -121,9 +121,6 @@ class NativeEngine:
             raise UserError(f"{source.path}: {e}") from None
         self.tokens: list[int] = []
         self._last_logits = np.empty((1, spec.vocab_size), dtype=np.float32)  # decode needs one row
-        # The last forward's logit rows, and which of them is the last cached token's (None: not
-        # one of them): a feature drafter starts from that row's hidden state.
-        self._hidden_rows, self._last_row = 0, None
         self.weight_bytes = source.weight_bytes
         for name, t in source.tensors.items():  # wherever an arena's bytes come from, its down format is fixed
             if isinstance(t, ArenaTensor) and t.down_fmt != t.fmt:
@@ -237,7 +234,6 @@ class NativeEngine:
                 rows, logits = np.empty(0, dtype=np.int32), self._last_logits[:0]
             self._run(chunk, positions, None, rows, logits)
             self.tokens.extend(int(t) for t in chunk)
-            self._hidden_rows, self._last_row = len(rows), (len(rows) - 1 if len(rows) else None)
             if len(rows):
                 outputs.append(logits if all_logits else logits.copy())
         return np.concatenate(outputs) if outputs else np.empty((0, self.spec.vocab_size), np.float32)
@@ -271,7 +267,6 @@ class NativeEngine:
         out = np.empty(n, dtype=np.int32) if argmax_only else np.empty((n, self.spec.vocab_size), dtype=np.float32)
         self._run(tokens, positions, np.ascontiguousarray(mask, dtype=np.uint8), np.arange(n, dtype=np.int32), out)
         self._tree_tokens = tokens
-        self._hidden_rows, self._last_row = n, None
         return out
 
     def commit_tree(self, path: Sequence[int]) -> None:
@@ -279,21 +274,10 @@ class NativeEngine:
         path = np.asarray(path, dtype=np.int32)
         self._engine.commit(path)
         self.tokens.extend(int(self._tree_tokens[i]) for i in path)
-        self._last_row = int(path[-1]) if len(path) else None
-
-    def last_feature(self) -> np.ndarray | None:
-        """The final-normed hidden state of the last cached token (what the head multiplied to choose
-        the token after it), if the last forward computed it; else None."""
-        if self._last_row is None:
-            return None
-        rows = np.empty((self._hidden_rows, self.spec.d_model), dtype=np.float32)
-        self._engine.hidden(rows)
-        return rows[self._last_row]
 
     def truncate(self, n_tokens: int) -> None:
         kept = self._engine.truncate(n_tokens)
         del self.tokens[kept:]
-        self._last_row = None
 
     def reset(self) -> None:
         self.truncate(0)

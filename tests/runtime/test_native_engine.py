@@ -74,6 +74,14 @@ def test_token_tree_verification_and_commit(tiny_sources):
     np.testing.assert_allclose(tree_logits[[0, 1, 3]], seq, atol=tol)
     np.testing.assert_allclose(tree_logits[2], after_y2, atol=tol)
 
+    # The final-normed hidden state of each node, times the head, is the node's logits.
+    hidden = np.empty((len(tokens), source.spec.d_model), dtype=np.float32)
+    native._engine.hidden(hidden)
+    head = source.tensors["token_embd.weight" if source.spec.tied_embeddings else "output.weight"].dequantize()
+    np.testing.assert_allclose(hidden @ head.T, tree_logits, atol=4 * tol)
+    with pytest.raises(Exception, match="normed 4 rows, not 2"):
+        native._engine.hidden(hidden[:2])
+
     native.commit_tree([0, 1, 3])  # keep x, y1, z
     assert native.tokens == prompt + [x, y1, z]
     ref.truncate(len(prompt))
