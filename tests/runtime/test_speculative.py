@@ -19,21 +19,40 @@ GROUNDED = "Repeat this passage word for word.\n\n" + PASSAGE + "\n\nThe passage
 STORY = "Once upon a time, in a small village by the sea,"
 
 
+@pytest.fixture(scope="module")
+def plain_greedy():
+    """plain_greedy(bundle, prompt): the bundle's 48 greedy tokens without speculation, decoded
+    once for every drafter compared with them."""
+    cache: dict = {}
+
+    def tokens(bundle, prompt: str) -> list[int]:
+        if (bundle, prompt) not in cache:
+            cache[bundle, prompt] = ef.load(bundle).generate(prompt, max_tokens=48, speculative="none").tokens
+        return cache[bundle, prompt]
+
+    return tokens
+
+
 @pytest.mark.parametrize("bundle_fixture", ["smol_bundle", "gemma_bundle"])
 @pytest.mark.parametrize("drafter", ["lookup", "self", "auto"])
-def test_greedy_equals_plain_decoding(bundle_fixture, drafter, request):
+def test_greedy_equals_plain_decoding(bundle_fixture, drafter, plain_greedy, request):
     bundle = request.getfixturevalue(bundle_fixture)
     m = ef.load(bundle)
     for prompt in (GROUNDED, STORY):
-        plain = m.generate(prompt, max_tokens=48, speculative="none")
         spec = m.generate(prompt, max_tokens=48, speculative=drafter)
-        assert spec.tokens == plain.tokens, (drafter, prompt[:30])
+        assert spec.tokens == plain_greedy(bundle, prompt), (drafter, prompt[:30])
         assert spec.stats["spec_passes"] + spec.stats["spec_plain_steps"] > 0
-    # Whether a pass drafts at all is the controller's timing call; what lookup proposes is not:
-    # along the greedy output, its first guess is the next token for most of the copied passage.
-    plain = m.generate(GROUNDED, max_tokens=48, speculative="none")
-    context = m.encode(GROUNDED) + list(plain.tokens)
-    start = len(context) - len(plain.tokens)
+
+
+@pytest.mark.parametrize("bundle_fixture", ["smol_bundle", "gemma_bundle"])
+def test_lookup_proposes_the_copied_passage(bundle_fixture, plain_greedy, request):
+    """Whether a pass drafts at all is the controller's timing call; what lookup proposes is not:
+    along the greedy output, its first guess is the next token for most of the copied passage."""
+    bundle = request.getfixturevalue(bundle_fixture)
+    m = ef.load(bundle)
+    answer = plain_greedy(bundle, GROUNDED)
+    context = m.encode(GROUNDED) + list(answer)
+    start = len(context) - len(answer)
     drafter, right = LookupDrafter(), 0
     for i in range(start, len(context)):
         tree = drafter.propose(context[:i], max_nodes=2, max_depth=1)
