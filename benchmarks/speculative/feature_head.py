@@ -54,7 +54,7 @@ class Features:
     hidden: np.ndarray  # f32 [positions, d_model], final-normed (divided by a scale once joined)
     tokens: np.ndarray  # int64 [positions]
     best: np.ndarray  # int64 [positions]: the target's most likely token after each position
-    pairs: np.ndarray  # positions t whose t+1 is in the same text (and, for answers, t >= the answer's start - 1)
+    pairs: np.ndarray  # positions t whose t+1 is in the same text, from its first scored position on
     ends: np.ndarray  # for each pair, the end of its text
 
 

@@ -123,8 +123,8 @@ class Engine {
   void commit(const int32_t* nodes, int64_t n_nodes);
 
   // The final-normed hidden state of each logit row of the last forward ([rows, d_model], what
-  // the head multiplied): a feature drafter predicts the next one from it. `rows` must equal the
-  // last call's n_logit_rows.
+  // the head multiplied): what a draft head trained on the model's own states learns from
+  // (benchmarks/speculative/feature_head.py). `rows` must equal the last call's n_logit_rows.
   void hidden(float* out, int64_t rows) const;
 
   // Forget committed positions >= n. Returns how many committed positions are still usable:

@@ -253,6 +253,7 @@ class Controller:
         return False
 
     def _drafts(self, origin: str) -> bool:
+        """`origin` drafts this step (what the idle-probe rule counts from)."""
         self.last_draft[origin] = self.steps
         return True
 
