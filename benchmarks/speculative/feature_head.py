@@ -25,14 +25,12 @@ from __future__ import annotations
 import argparse
 import sys
 import time
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
 import edgeflash as ef
-from edgeflash.runtime.tensors import dequantize_raw
 
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "benchmarks" / "results"))
@@ -58,8 +56,7 @@ class Features:
     ends: np.ndarray  # for each pair, the end of its text
 
 
-def read(engine, texts: list[tuple[list[int], int]]) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray,
-                                                              np.ndarray]:
+def read(engine, texts: list[tuple[list[int], int]]) -> Features:
     """Hidden states and next tokens of the target along each (ids, first scored position)."""
     d, native = engine.spec.d_model, engine._engine
     hidden, tokens, best, pairs, ends, at = [], [], [], [], [], 0
@@ -81,12 +78,8 @@ def read(engine, texts: list[tuple[list[int], int]]) -> tuple[np.ndarray, np.nda
         at += len(ids)
     engine.reset()
     cat = lambda parts, dtype: np.concatenate(parts).astype(dtype)
-    return (cat(hidden, np.float32), cat(tokens, np.int64), cat(best, np.int64), cat(pairs, np.int64),
-            cat(ends, np.int64))
-
-
-def features_of(engine, texts) -> Features:
-    return Features(*read(engine, texts))
+    return Features(cat(hidden, np.float32), cat(tokens, np.int64), cat(best, np.int64), cat(pairs, np.int64),
+                    cat(ends, np.int64))
 
 
 def joined(parts: list[Features], scale: float) -> Features:
@@ -182,6 +175,7 @@ def agreement(net, data: Features, scale: float, embedding, head, limit: int = 2
 
 def main() -> int:
     from edgeflash.export.corpus import calibration_text, code_calibration_text, is_code_model
+    from edgeflash.export.text import token_windows
     from edgeflash.runtime.speculative.draft_model import find_draft_model
 
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -222,21 +216,18 @@ def main() -> int:
         del draft
     code = is_code_model(Path(str(engine.source.path)).name)
     text = code_calibration_text() if code else calibration_text()
-    windows = max(1, args.corpus_tokens // WINDOW)
-    step = len(text) // windows
-    corpus = [(tok.encode(text[i * step:i * step + WINDOW * 8])[:WINDOW], 0) for i in range(windows)]
+    corpus = [(ids, 0) for ids in token_windows(tok, text, args.corpus_tokens, WINDOW, "--corpus-tokens")]
     print(f"texts read: {len(held_out)} benchmark answers, {len(answers)} draft-model answers, "
           f"{len(corpus)} corpus windows ({time.perf_counter() - started:.0f} s)", flush=True)
 
     spec = engine.spec
     table = engine.source.tensors["token_embd.weight"]
     head_tensor = engine.source.tensors["token_embd.weight" if spec.tied_embeddings else "output.weight"]
-    dense: Callable = lambda t: torch.from_numpy(dequantize_raw(np.ascontiguousarray(t.raw), t.fmt, t.cols))
-    embedding = dense(table)
-    head = embedding if head_tensor is table else dense(head_tensor)
-    read_answers, read_corpus = features_of(engine, answers) if answers else None, features_of(engine, corpus)
+    embedding = torch.from_numpy(table.dequantize())
+    head = embedding if head_tensor is table else torch.from_numpy(head_tensor.dequantize())
+    read_answers, read_corpus = read(engine, answers) if answers else None, read(engine, corpus)
     scale = float(np.sqrt(np.mean(read_corpus.hidden[read_corpus.pairs] ** 2)))
-    evaluation = joined([features_of(engine, held_out)], scale)
+    evaluation = joined([read(engine, held_out)], scale)
     sets = {"answers+corpus": [read_answers, read_corpus], "corpus": [read_corpus]}
     if not answers:
         del sets["answers+corpus"]
