@@ -150,9 +150,15 @@ def test_branching_tree_scores_every_node_as_plain_decoding_does(smollm_path, ca
         for i in range(1, size):
             tree.add(int(rng.integers(0, i)), int(rng.integers(0, 2000)))
         logits = e.forward_tree(tree.tokens, tree.depths(), tree.ancestor_mask()).copy()
+        # plain decoding: the cache token by token once, then each node's path after it (the cache
+        # cut back to those `cached` tokens between nodes, as rejected drafts are cut back)
+        e.reset()
+        for t in ids[:cached]:
+            e.forward([t])
         for node in range(tree.size):
-            e.reset()
-            for t in ids[:cached] + [tree.tokens[j] for j in tree.path_to(node)]:
+            e.truncate(cached)
+            assert len(e.tokens) == cached
+            for t in [tree.tokens[j] for j in tree.path_to(node)]:
                 plain = e.forward([t])[-1]
             assert np.array_equal(plain, logits[node]), (cached, node, tree.depths()[node])
 
