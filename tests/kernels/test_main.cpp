@@ -18,7 +18,7 @@ bool expect(bool ok, const std::string& what) {
   ++stats().checks;
   if (!ok) {
     ++stats().failures;
-    std::printf("FAIL [%s t=%d] %s\n", level().c_str(), ef::get_num_threads(), what.c_str());
+    std::printf("FAIL [%s t=%d] %s\n", ef::current_isa().c_str(), ef::get_num_threads(), what.c_str());
   }
   return ok;
 }

@@ -31,13 +31,27 @@ struct ErrReport {
 ErrReport rel_err(const std::vector<float>& got, const std::vector<float>& want, const std::vector<double>& scale,
                   double floor = 1e-30);
 
-// The level under test (set by main) and a helper that runs f under a given level.
+// The level under test (set by main) and a helper that runs f under a given level, then goes back
+// to the level it was called at.
 const std::string& level();
 template <class F>
 auto under(const std::string& isa, F&& f) {
+  const std::string before = ef::current_isa();
   ef::use_isa(isa);
   auto r = f();
-  ef::use_isa(level());
+  ef::use_isa(before);
+  return r;
+}
+
+// Runs f at the reference level on one thread. A test builds its cases this way once (inputs,
+// the reference twin's outputs, exact math) and checks every level and thread count against them:
+// the same inputs everywhere, and a reference that is not recomputed for each level and thread count.
+template <class F>
+auto reference(F&& f) {
+  const int threads = ef::get_num_threads();
+  ef::set_num_threads(1);
+  auto r = under("ref", f);
+  ef::set_num_threads(threads);
   return r;
 }
 
