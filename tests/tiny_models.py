@@ -35,9 +35,9 @@ CASES = {
 
 def save_tokenizer(smollm_path: Path, out: Path) -> int:
     """The real SmolLM2 tokenizer (any tokenizer works for random models); returns its size."""
-    from transformers import AutoTokenizer
+    from hf_reference import transformers_tokenizer
 
-    tok = AutoTokenizer.from_pretrained(smollm_path.parent, gguf_file=smollm_path.name)
+    tok = transformers_tokenizer(smollm_path)
     tok.save_pretrained(out)
     return len(tok)
 

@@ -44,9 +44,9 @@ ATTACKS = {
 
 
 def _tokenizers(smollm_path, gemma_path) -> dict[str, Tokenizer]:
-    from transformers import AutoTokenizer
+    from hf_reference import transformers_tokenizer
 
-    reference = AutoTokenizer.from_pretrained(smollm_path.parent, gguf_file=smollm_path.name)
+    reference = transformers_tokenizer(smollm_path)
     qwen_style = Tokenizer.from_tokenizer_json(json.loads(reference.backend_tokenizer.to_str()),
                                                {"chat_template": QWEN_STYLE_TEMPLATE})
     return {"gemma3-270m": open_model(gemma_path).tokenizer, "smollm2-135m": open_model(smollm_path).tokenizer,

@@ -62,10 +62,10 @@ CONVERSATIONS = [
 def model(request, tmp_path_factory) -> dict:
     """The model's GGUF, transformers' tokenizer for it, and ours built from GGUF and from
     the tokenizer.json transformers saves."""
-    from transformers import AutoTokenizer
+    from hf_reference import transformers_tokenizer
 
     path = request.getfixturevalue("gemma_path" if request.param == "gemma3" else "smollm_path")
-    reference = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
+    reference = transformers_tokenizer(path)
     saved = tmp_path_factory.mktemp(f"{request.param}-tokenizer")
     reference.save_pretrained(saved)
     return {

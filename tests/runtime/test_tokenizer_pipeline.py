@@ -42,9 +42,9 @@ TEXTS = _sample_texts(300, seed=7)
 
 @pytest.fixture(scope="module")
 def byte_level_json(smollm_path) -> dict:
-    from transformers import AutoTokenizer
+    from hf_reference import transformers_tokenizer
 
-    reference = AutoTokenizer.from_pretrained(smollm_path.parent, gguf_file=smollm_path.name)
+    reference = transformers_tokenizer(smollm_path)
     return json.loads(reference.backend_tokenizer.to_str())
 
 
