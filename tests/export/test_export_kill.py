@@ -11,6 +11,7 @@ every step)."""
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import signal
@@ -37,21 +38,50 @@ def small_gguf(tmp_path_factory, smollm_path) -> Path:
                            ffn=256, heads=4, kv_heads=2)
 
 
+class _Driver:
+    """kill_driver.py --serve: each export a forked child of one process that imported the
+    exporter once (a fresh interpreter per export would spend most of its time importing)."""
+
+    def __init__(self, scratch: Path):
+        self.scratch = scratch
+        self.proc = subprocess.Popen([sys.executable, str(DRIVER), "--serve"], stdin=subprocess.PIPE,
+                                     stdout=subprocess.PIPE, text=True)
+
+    def run(self, args: list[str]) -> subprocess.CompletedProcess:
+        out, err = self.scratch / "stdout", self.scratch / "stderr"
+        self.proc.stdin.write(json.dumps({"argv": args, "stdout": str(out), "stderr": str(err)}) + "\n")
+        self.proc.stdin.flush()
+        line = self.proc.stdout.readline()
+        assert line, f"kill_driver.py --serve ended (status {self.proc.poll()})"
+        answer = json.loads(line)
+        assert answer["status"] is not None, "the export ran past the timeout"
+        return subprocess.CompletedProcess([str(answer["pid"])], answer["status"], out.read_text(),
+                                           err.read_text())  # args[0]: its pid
+
+    def close(self) -> None:
+        self.proc.stdin.close()
+        self.proc.wait(timeout=60)
+
+
 @pytest.fixture(scope="module")
-def old_bundle(tmp_path_factory, small_gguf) -> Path:
+def driver(tmp_path_factory):
+    d = _Driver(tmp_path_factory.mktemp("kill-driver"))
+    yield d
+    d.close()
+
+
+@pytest.fixture(scope="module")
+def old_bundle(tmp_path_factory, small_gguf, driver) -> Path:
     out = tmp_path_factory.mktemp("kill-old") / "old"
-    run = _export(small_gguf, out, OLD, kill_at=0)
+    run = _export(driver, small_gguf, out, OLD, kill_at=0)
     assert run.returncode == 0, run.stderr[-2000:]
     return out
 
 
-def _export(source: Path, out: Path, scheme: str, kill_at: int, force: bool = False,
+def _export(driver: _Driver, source: Path, out: Path, scheme: str, kill_at: int, force: bool = False,
             no_exchange: bool = False) -> subprocess.CompletedProcess:
-    argv = [sys.executable, str(DRIVER), str(kill_at), *(["--no-exchange"] if no_exchange else []), "--",
-            "export", str(source), "-o", str(out), "--quant", scheme, *FAST, *(["-f"] if force else [])]
-    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    out, err = proc.communicate(timeout=600)
-    return subprocess.CompletedProcess([str(proc.pid)], proc.returncode, out, err)  # args[0]: its pid
+    return driver.run([str(kill_at), *(["--no-exchange"] if no_exchange else []), "--", "export", str(source),
+                       "-o", str(out), "--quant", scheme, *FAST, *(["-f"] if force else [])])
 
 
 def _steps(run: subprocess.CompletedProcess) -> list[str]:
@@ -79,12 +109,12 @@ def _leftovers(out: Path) -> list[str]:
 
 
 @pytest.mark.parametrize("force", [False, True], ids=["new-output", "replacing-with-force"])
-def test_kill_at_any_step_leaves_old_or_new_bundle(tmp_path, small_gguf, old_bundle, force):
+def test_kill_at_any_step_leaves_old_or_new_bundle(tmp_path, small_gguf, old_bundle, driver, force):
     out = tmp_path / "out" / "bundle"
     out.parent.mkdir()
     if force:
         shutil.copytree(old_bundle, out)
-    reference = _export(small_gguf, out, NEW, kill_at=0, force=force)
+    reference = _export(driver, small_gguf, out, NEW, kill_at=0, force=force)
     assert reference.returncode == 0, reference.stderr[-2000:]
     steps = _steps(reference)
     assert "exchange" in steps if force else "rename" in steps, steps
@@ -94,7 +124,7 @@ def test_kill_at_any_step_leaves_old_or_new_bundle(tmp_path, small_gguf, old_bun
         shutil.rmtree(out, ignore_errors=True)
         if force:
             shutil.copytree(old_bundle, out)
-        run = _export(small_gguf, out, NEW, kill_at=k, force=force)
+        run = _export(driver, small_gguf, out, NEW, kill_at=k, force=force)
         assert run.returncode == -signal.SIGKILL, (k, steps[k - 1], run.returncode, run.stderr[-1000:])
         if force:
             scheme = _scheme(out)  # the old bundle or the new one, whole
@@ -110,25 +140,25 @@ def test_kill_at_any_step_leaves_old_or_new_bundle(tmp_path, small_gguf, old_bun
         left_behind += bool(_leftovers(out))
     assert outcomes["old" if force else "none"] > 0 and outcomes["new"] > 0, outcomes
     assert left_behind, "no kill left anything to clean up"
-    final = _export(small_gguf, out, NEW, kill_at=0, force=True)
+    final = _export(driver, small_gguf, out, NEW, kill_at=0, force=True)
     assert final.returncode == 0, final.stderr[-2000:]
     assert _leftovers(out) == [] and _scheme(out) == NEW
 
 
-def test_without_exchange_a_kill_between_the_renames_is_undone(tmp_path, small_gguf, old_bundle):
+def test_without_exchange_a_kill_between_the_renames_is_undone(tmp_path, small_gguf, old_bundle, driver):
     """Where the file system has no RENAME_EXCHANGE, the old bundle is moved aside before the new
     one takes its place; a kill in between leaves it as OUT.old-<pid>, and the next export puts it
     back before anything else."""
     out = tmp_path / "out" / "bundle"
     out.parent.mkdir()
     shutil.copytree(old_bundle, out)
-    reference = _export(small_gguf, out, NEW, kill_at=0, force=True, no_exchange=True)
+    reference = _export(driver, small_gguf, out, NEW, kill_at=0, force=True, no_exchange=True)
     assert reference.returncode == 0, reference.stderr[-2000:]
     steps = _steps(reference)
     between = len(steps) - steps[::-1].index("rename")  # the second rename: the new bundle into place
     shutil.rmtree(out)
     shutil.copytree(old_bundle, out)
-    run = _export(small_gguf, out, NEW, kill_at=between, force=True, no_exchange=True)
+    run = _export(driver, small_gguf, out, NEW, kill_at=between, force=True, no_exchange=True)
     assert run.returncode == -signal.SIGKILL
     assert not out.exists() and [n for n in _leftovers(out) if ".old-" in n], _leftovers(out)
     notes: list[str] = []
