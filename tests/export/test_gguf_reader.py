@@ -9,13 +9,27 @@ from edgeflash.kernels.formats import FORMAT_BY_GGML_TYPE
 from edgeflash.runtime.sources.gguf import GGUFFile
 
 
-@pytest.mark.parametrize("alias", ["gemma3-270m", "smollm2-135m"])
-def test_matches_gguf_package(model_path, alias):
+@pytest.fixture(scope="module")
+def gguf_reader():
+    """reader(path) -> the `gguf` package's GGUFReader of a file, parsed once for the module (it
+    reads every metadata field in Python: seconds for Gemma 3's vocabulary); it only reads."""
     import gguf
 
+    made: dict = {}
+
+    def reader(path):
+        if str(path) not in made:
+            made[str(path)] = gguf.GGUFReader(str(path))
+        return made[str(path)]
+
+    return reader
+
+
+@pytest.mark.parametrize("alias", ["gemma3-270m", "smollm2-135m"])
+def test_matches_gguf_package(model_path, gguf_reader, alias):
     path = model_path(alias)
     ours = GGUFFile(path)
-    theirs = gguf.GGUFReader(str(path))
+    theirs = gguf_reader(path)
     assert len(ours.tensors) == len(theirs.tensors)
     for t in theirs.tensors:
         info = ours.tensors[t.name]
@@ -36,11 +50,11 @@ def test_matches_gguf_package(model_path, alias):
             assert value == pytest.approx(theirs_value) if isinstance(value, float) else value == theirs_value
 
 
-def test_tensor_bytes_dequantize_like_gguf(gemma_path):
+def test_tensor_bytes_dequantize_like_gguf(gemma_path, gguf_reader):
     import gguf
 
     f = GGUFFile(gemma_path)
-    reader = gguf.GGUFReader(str(gemma_path))
+    reader = gguf_reader(gemma_path)
     by_name = {t.name: t for t in reader.tensors}
     for name in ["blk.0.attn_q.weight", "blk.0.ffn_down.weight", "blk.0.attn_output.weight", "blk.0.attn_v.weight"]:
         ours = f.tensor(name).dequantize()
