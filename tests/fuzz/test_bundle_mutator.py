@@ -47,7 +47,7 @@ def test_bundle_mutations_end_cleanly(smol_bundle):
     work = scratch_dir()
     try:
         harness = Harness(str(Path(sys.executable).parent / "edgeflash"), work, timeout=120, runs=BUNDLE_RUN_KINDS,
-                          rotate=True)
+                          rotate=True, fork=True)
         seeds = [(case, RUN_SEED * 1_000_003 + case) for case in range(RUN_CASES)]
         outcomes = harness.run(BundleTarget("smollm2-135m-q4_0", smol_bundle, "60MB"), seeds, workers=2)
     finally:

@@ -33,7 +33,7 @@ def work():
 def test_gguf_mutations_end_cleanly(name, work, smollm_path):
     path = build_tiny_gguf(smollm_path, work / "tiny.gguf") if name == "tiny" else smollm_path
     budget = {"tiny": "30MB", "smollm2-135m": "60MB"}[name]
-    harness = Harness(str(Path(sys.executable).parent / "edgeflash"), work, timeout=120, rotate=True)
+    harness = Harness(str(Path(sys.executable).parent / "edgeflash"), work, timeout=120, rotate=True, fork=True)
     seeds = [(case, SEED * 1_000_003 + case) for case in range(CASES[name])]
     outcomes = harness.run(Target(name, path, budget), seeds, workers=2)
     failures = [o for o in outcomes if o.failed]
