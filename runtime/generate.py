@@ -159,7 +159,7 @@ class Generation:
         if self.speculative is not None:
             room = min(room, self.engine.tree_room())
         if self.speculative is not None and room >= 2:
-            return self.speculative.step(history, room=room)
+            return self.speculative.step(history, room=room, wanted=self.max_tokens - len(self.tokens))
         logits = self.engine.forward([history[-1]])[-1]
         return [self._choose(logits, history)]
 

@@ -50,17 +50,20 @@ class SpeculativeDecoder:
         self.controller.acceptance.new_text()
         self.stats = SpecStats()
 
-    def step(self, history: list[int], room: int | None = None) -> list[int]:
+    def step(self, history: list[int], room: int | None = None, wanted: int | None = None) -> list[int]:
         """history ends with the token just decided (not yet in the cache). Returns the next
         tokens: the drafted ones the target accepted, then one the target chose itself.
-        `room`: cache slots left; every tree node takes one until the pass is committed."""
+        `room`: cache slots left; every tree node takes one until the pass is committed.
+        `wanted`: tokens the generation still asks for. A pass adds its own token after the
+        accepted ones, so a draft deeper than wanted - 1 would be verified for nothing."""
         c = self.controller
         t0 = now()
         drafted, model = False, None
-        if not c.plain_now():
+        if not c.plain_now() and (wanted is None or wanted > 1):
             limit = min(c.max_nodes, room) if room is not None else c.max_nodes
+            depth = limit - 1 if wanted is None else min(limit - 1, wanted - 1)
             tree = DraftTree.root(history[-1])
-            model = self.drafters.extend(tree, history, c, max_depth=limit - 1)
+            model = self.drafters.extend(tree, history, c, max_depth=depth)
             drafted = tree.size > 1
             selection = c.select(tree, limit=limit) if drafted else None
             if selection is not None:

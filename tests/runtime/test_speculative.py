@@ -44,6 +44,20 @@ def test_greedy_equals_plain_decoding(bundle_fixture, drafter, plain_greedy, req
         assert spec.stats["spec_passes"] + spec.stats["spec_plain_steps"] > 0
 
 
+def test_a_generation_drafts_no_deeper_than_the_tokens_it_still_asks_for(smol_bundle, smollm_path):
+    """A pass adds its own token after the accepted ones, so with three tokens left a draft goes two
+    deep at most, even where passes cost nothing and the draft model (the bundle's own GGUF)
+    would otherwise chain as deep as a tree holds; the output is plain decoding's."""
+    m = ef.load(smol_bundle)
+    kind = f"draft:{smollm_path}"
+    plain = m.generate(STORY, max_tokens=4, speculative="none")
+    _free_passes(m._drafter(kind), greedy=True)
+    spec = m.generate(STORY, max_tokens=4, speculative=kind)
+    assert spec.tokens == plain.tokens
+    draft = spec.stats["spec_by_drafter"]["draft"]
+    assert draft["passes"] >= 1 and draft["verified"] <= 2 * draft["passes"], draft
+
+
 @pytest.mark.parametrize("bundle_fixture", ["smol_bundle", "gemma_bundle"])
 def test_lookup_proposes_the_copied_passage(bundle_fixture, plain_greedy, request):
     """Whether a pass drafts at all is the controller's timing call; what lookup proposes is not:
@@ -200,7 +214,11 @@ def test_rejection_rule_samples_the_target_distribution():
 
 
 SAMPLING_PROMPT = "one two three, one two three, one two three, one two"
-SAMPLING_PARAMS = {"max_tokens": 3, "temperature": 0.8, "top_k": 8}
+# Four tokens are sampled and the first three compared: a first pass then drafts two deep (a pass
+# adds its own token after the accepted ones, and a generation drafts no deeper than what it still
+# asks for), so acceptance after an accepted draft is part of the law under test.
+SAMPLING_PARAMS = {"max_tokens": 4, "temperature": 0.8, "top_k": 8}
+SAMPLING_COMPARED = 3
 SAMPLING_RUNS = 600
 
 
@@ -213,7 +231,7 @@ def _sampled_histogram(m, kind: str, n: int) -> tuple[dict, int]:
             _free_passes(m._drafter(kind))
         r = m.generate(SAMPLING_PROMPT, seed=seed, speculative=kind, **SAMPLING_PARAMS)
         passes += r.stats.get("spec_passes", 0)
-        key = tuple(r.tokens)
+        key = tuple(r.tokens[:SAMPLING_COMPARED])
         out[key] = out.get(key, 0) + 1
     return out, passes
 
