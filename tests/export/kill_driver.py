@@ -12,12 +12,8 @@ behave as on a file system without RENAME_EXCHANGE.
     python kill_driver.py --serve
 
 runs the same exports as forked children of one process that has imported the exporter (torch
-among it) once: each line on stdin, {"argv": [K, ..., "--", "export", ...], "stdout": PATH,
-"stderr": PATH}, is one export in a child of its own, whose output goes to the two files; the
-answer line is {"pid": the child's pid, "status": its exit status, minus the signal that ended
-it, or null if it ran past the timeout and was killed}. The child is a process like any other:
-SIGKILL ends it where it stands, and what it leaves on disk is what an `edgeflash export`
-process would leave.
+among it) once (tests/fork_server.py): each line on stdin, {"argv": [K, ..., "--", "export", ...],
+"stdout": PATH, "stderr": PATH, "timeout": S}, is one export in a child of its own.
 """
 
 from __future__ import annotations
@@ -26,6 +22,7 @@ import os
 import shutil
 import signal
 import sys
+from pathlib import Path
 from typing import Any
 
 COUNTED = {"open", "write", "pwrite", "fsync", "fdatasync", "rename", "replace", "unlink", "close", "rmtree",
@@ -96,53 +93,15 @@ def main(args: list[str] | None = None) -> int:
     return status
 
 
-def serve(timeout: float = 600.0) -> int:
-    import json
-    import time
-
+def serve() -> int:
     import edgeflash.cli.main  # noqa: F401  (imported once, before the forks)
     import edgeflash.export.pipeline  # noqa: F401
     import edgeflash.export.writer  # noqa: F401
 
-    for line in sys.stdin:
-        request = json.loads(line)
-        pid = os.fork()
-        if pid == 0:  # the child: one export, its output in the request's files
-            status = 1
-            try:
-                null = os.open(os.devnull, os.O_RDONLY)
-                os.dup2(null, 0)
-                for fd, path in ((1, request["stdout"]), (2, request["stderr"])):
-                    target = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-                    os.dup2(target, fd)
-                    os.close(target)
-                status = main(request["argv"])
-            except SystemExit as e:
-                status = 0 if e.code is None else e.code if isinstance(e.code, int) else 1
-            except BaseException:
-                import traceback
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/
+    from fork_server import serve as serve_forked
 
-                traceback.print_exc()
-            finally:
-                import atexit
-
-                atexit._run_exitfuncs()  # what the interpreter would run at its exit
-                sys.stdout.flush()
-                sys.stderr.flush()
-                os._exit(status if isinstance(status, int) else 0 if status is None else 1)
-        deadline, ended = time.monotonic() + timeout, None
-        while ended is None:
-            done, wait_status = os.waitpid(pid, os.WNOHANG)
-            if done:
-                ended = os.waitstatus_to_exitcode(wait_status)
-            elif time.monotonic() > deadline:
-                os.kill(pid, signal.SIGKILL)
-                os.waitpid(pid, 0)
-                break
-            else:
-                time.sleep(0.005)
-        print(json.dumps({"pid": pid, "status": ended}), flush=True)
-    return 0
+    return serve_forked(lambda request: main(request["argv"]))
 
 
 if __name__ == "__main__":

@@ -49,7 +49,8 @@ class _Driver:
 
     def run(self, args: list[str]) -> subprocess.CompletedProcess:
         out, err = self.scratch / "stdout", self.scratch / "stderr"
-        self.proc.stdin.write(json.dumps({"argv": args, "stdout": str(out), "stderr": str(err)}) + "\n")
+        self.proc.stdin.write(json.dumps({"argv": args, "stdout": str(out), "stderr": str(err),
+                                          "timeout": 600}) + "\n")
         self.proc.stdin.flush()
         line = self.proc.stdout.readline()
         assert line, f"kill_driver.py --serve ended (status {self.proc.poll()})"

@@ -4,12 +4,9 @@ spend about half of a small model's run importing.
 
     python fork_runner.py
 
-reads one request a line on stdin, {"argv": [...], "stdout": PATH, "stderr": PATH, "timeout": S,
-"address_space": BYTES}, and answers each with {"pid": ..., "status": ...}: the exit status, minus
-the signal that ended the run, or null when the run passed its timeout (then its session was
-killed). Each run is a child of its own, in a session of its own, with its address space capped,
-stdin from /dev/null and its output in the two files, and runs what the `edgeflash` script runs:
-`sys.exit(main())`, an uncaught exception printed as the interpreter prints it, with status 1.
+serves requests as tests/fork_server.py describes, {"argv": [...], "stdout": PATH, "stderr": PATH,
+"timeout": S, "address_space": BYTES}: each run is what the `edgeflash` script runs, with its
+address space capped.
 """
 
 from __future__ import annotations
@@ -17,45 +14,22 @@ from __future__ import annotations
 import json
 import os
 import resource
-import signal
 import subprocess
 import sys
 import time
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/, when run as a script
+import fork_server  # noqa: E402
 
-def _child(request: dict) -> None:
-    status = 1
-    try:
-        os.setsid()
-        resource.setrlimit(resource.RLIMIT_AS, (request["address_space"], request["address_space"]))
-        null = os.open(os.devnull, os.O_RDONLY)
-        os.dup2(null, 0)
-        os.close(null)
-        for fd, path in ((1, request["stdout"]), (2, request["stderr"])):
-            target = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-            os.dup2(target, fd)
-            os.close(target)
-        from edgeflash.cli.main import main
 
-        sys.argv = ["edgeflash", *request["argv"]]
-        try:
-            code = main()
-            status = 0 if code is None else code if isinstance(code, int) else 1
-        except SystemExit as e:
-            if e.code is None or isinstance(e.code, int):
-                status = e.code or 0
-            else:
-                sys.stderr.write(f"{e.code}\n")
-        except BaseException:
-            sys.excepthook(*sys.exc_info())
-        import atexit
+def _run(request: dict) -> int | None:
+    """What the `edgeflash` script runs, with the request's address-space cap."""
+    resource.setrlimit(resource.RLIMIT_AS, (request["address_space"], request["address_space"]))
+    from edgeflash.cli.main import main
 
-        atexit._run_exitfuncs()  # what the interpreter runs at its exit
-        sys.stdout.flush()
-        sys.stderr.flush()
-    finally:
-        os._exit(status)
+    sys.argv = ["edgeflash", *request["argv"]]
+    return main()
 
 
 def serve() -> int:
@@ -63,27 +37,7 @@ def serve() -> int:
     import edgeflash.runtime.native_engine  # noqa: F401
     import edgeflash.runtime.sources  # noqa: F401
 
-    for line in sys.stdin:
-        request = json.loads(line)
-        pid = os.fork()
-        if pid == 0:
-            _child(request)
-        deadline, status = time.monotonic() + request["timeout"], None
-        while status is None:
-            done, wait_status = os.waitpid(pid, os.WNOHANG)
-            if done:
-                status = os.waitstatus_to_exitcode(wait_status)
-            elif time.monotonic() > deadline:
-                try:
-                    os.killpg(pid, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
-                os.waitpid(pid, 0)
-                break
-            else:
-                time.sleep(0.002)
-        print(json.dumps({"pid": pid, "status": status}), flush=True)
-    return 0
+    return fork_server.serve(_run)
 
 
 class ForkRunner:
