@@ -38,8 +38,12 @@ system-deps:
 demo: install
 	$(BIN)/edgeflash generate -m default -p "$(PROMPT)" -n 64
 
+# Two workers, a test file each at a time (a file's fixtures stay in one process): most tests are
+# single-threaded Python or a single-threaded exporter, so two take about three quarters of the time
+# one takes on 2 cores. TEST_WORKERS=0 runs them in this process.
+TEST_WORKERS ?= 2
 test: install system-deps
-	$(BIN)/pytest -q --durations=20
+	$(BIN)/pytest -q -n $(TEST_WORKERS) --dist loadfile --durations=20
 
 # Benchmarks only (never `make test`): plots and the MT-Bench prompts.
 bench-deps: install
