@@ -181,10 +181,12 @@ def budgeted_draft_weights(draft: ModelSource, target: ModelSource, context: int
 
 
 def model_drafter(path: str | Path, target: NativeEngine, shortlist: int | None = None,
-                  budget: int | None = None, requantize: str | None = DRAFT_REQUANTIZE) -> ModelDrafter:
+                  budget: int | None = None, requantize: str | None = DRAFT_REQUANTIZE,
+                  source: ModelSource | None = None) -> ModelDrafter:
     """The draft model at `path` drafting for `target`; within `budget` bytes if given. Without a
-    budget its wider matrices become `requantize` at load (None: as the file holds them)."""
-    source = open_draft_model(path, target.source, verify=budget is None)
+    budget its wider matrices become `requantize` at load (None: as the file holds them).
+    `source`: the draft model already opened (or a variant of it) instead of opening `path`."""
+    source = source or open_draft_model(path, target.source, verify=budget is None)
     head_name = head_tensor_name(source)
     head_tensor = source.tensors[head_name]
     ids = shortlist_ids(target.source, shortlist or DEFAULT_DRAFT_SHORTLIST)
