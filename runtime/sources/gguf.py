@@ -245,6 +245,7 @@ class GGUFFile:
             self.value_types[key] = vtype
             if vtype == _ARRAY:
                 self.array_types[key] = cur.last_array_type
+        self.metadata_end = cur.pos  # header and metadata end here; the tensor table follows
         infos = [self._tensor_info(cur) for _ in range(n_tensors)]
         self.alignment = self._alignment()
         self.data_start = align_up(cur.pos, self.alignment)

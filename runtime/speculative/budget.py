@@ -5,8 +5,9 @@ cache, work buffers and head rows, and a draft model's share of the budget. The 
 comes from the engine's own function (plan_memory). The loader checks the drafter's real size
 against the reservation.
 
-A draft model under a budget is planned like any model (its own BudgetedWeights, with a shortlist
-head instead of its full one): the layers it cannot keep stream from flash on every draft token.
+A draft model under a budget is planned like any model (its own BudgetedWeights over its q4_0
+copy, draft_file.py, with a shortlist head instead of its full one): the layers it cannot keep
+stream from flash on every draft token.
 Each pass drafts several tokens, so a byte of the draft model kept resident saves more reading than
 a byte of the target: the draft model gets as much of the budget as keeps all of it resident, as
 far as the target keeps what its own plan needs at the least. A budget that leaves the draft model
@@ -96,7 +97,7 @@ def draft_model_share(path: str | Path, target: ModelSource, context: int, kv_fo
                       options: _native.EngineOptions | None, fixed: dict[str, int], strategy: str) -> int:
     """The bytes of `room` a draft model plans with (0: not enough for it next to the target)."""
     from edgeflash.runtime.budgeted import BudgetedWeights
-    from edgeflash.runtime.speculative.draft_model import budgeted_draft_weights, open_draft_model
+    from edgeflash.runtime.speculative.draft_model import budgeted_draft_weights, open_budgeted_draft_model
 
     if options is None:
         raise ValueError("a draft model's share needs the target's engine options")
@@ -106,7 +107,7 @@ def draft_model_share(path: str | Path, target: ModelSource, context: int, kv_fo
     except BudgetError as e:
         target_minimum = e.minimum_bytes or 0
     available = room - target_minimum - TARGET_MARGIN
-    draft = open_draft_model(path, target, verify=False)  # a budgeted run verifies with direct I/O
+    draft = open_budgeted_draft_model(path, target)
     full = budgeted_draft_weights(draft, target, context, kv_format, 1 << 50)
     # all of it resident but the embedding, whose rows are read on demand (a page a token)
     embedding = full.layout.groups["embedding"].nbytes if "embedding" in full.plan.resident else 0

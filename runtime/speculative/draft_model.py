@@ -5,7 +5,8 @@ the 1.5B) drafts token by token. What makes it cheap enough to pay on a CPU:
   top-1 agrees with the 1.5B as often that way (78.8% of MT-Bench answer tokens, 78.7% with q8x2),
 - without a budget, its matrices are converted to q4_0 at load (DRAFT_REQUANTIZE): the 0.5B's
   file holds q5_0, q6_k and q8_0 matrices, and in q4_0 its top-1 agrees with the 1.5B's answers
-  as often while each draft token costs less and its weights take less memory,
+  as often while each draft token costs less and its weights take less memory; under a budget
+  it is read from a copy of its file in q4_0 (draft_file.py),
 - and it drafts only while the next token is worth its forward (controller.py): its probabilities
   are calibrated against what the target accepts.
 
@@ -83,6 +84,25 @@ def open_draft_model(path: str | Path, target: ModelSource, verify: bool = True,
     if source is None and required:
         raise UserError(f"{path}: a draft model must use the target's tokenizer")
     return source
+
+
+def open_budgeted_draft_model(path: str | Path, target: ModelSource) -> ModelSource:
+    """The draft model at `path` as a budgeted run plans and reads it: from its q4_0 copy
+    (draft_file.py). The original, opened once to find the copy, is then forgotten. Checksums are
+    verified with direct I/O while loading."""
+    from edgeflash.runtime.speculative.draft_file import budgeted_draft_path
+
+    copies: dict[str, Path] = target.info.setdefault("draft_copies", {})
+    key = str(Path(resolve_model(str(path))).expanduser().resolve())
+    if key not in copies:
+        original = open_draft_model(path, target, verify=False)
+        copies[key] = budgeted_draft_path(original)
+        if copies[key] != Path(original.path):
+            _opened(target).pop(key, None)
+            del original
+            gc.collect()
+            release_free_heap()
+    return open_draft_model(copies[key], target, verify=False)
 
 
 def opening_bytes(path: str | Path, target: ModelSource) -> int:
@@ -186,7 +206,9 @@ def model_drafter(path: str | Path, target: NativeEngine, shortlist: int | None 
     """The draft model at `path` drafting for `target`; within `budget` bytes if given. Without a
     budget its wider matrices become `requantize` at load (None: as the file holds them).
     `source`: the draft model already opened (or a variant of it) instead of opening `path`."""
-    source = source or open_draft_model(path, target.source, verify=budget is None)
+    if source is None:
+        source = open_draft_model(path, target.source) if budget is None else \
+            open_budgeted_draft_model(path, target.source)
     head_name = head_tensor_name(source)
     head_tensor = source.tensors[head_name]
     ids = shortlist_ids(target.source, shortlist or DEFAULT_DRAFT_SHORTLIST)
