@@ -65,8 +65,8 @@ def without_layers(source, dropped: set[int]):
             tensors[name] = tensor
     spec = dataclasses.replace(source.spec, n_layers=len(keep),
                                layer_kinds=[source.spec.layer_kinds[i] for i in keep])
-    return ModelSource(path=source.path, kind=source.kind, spec=spec, tokenizer=source.tokenizer, tensors=tensors,
-                       info=dict(source.info))
+    return ModelSource(path=source.path, kind=source.kind, spec=spec, tokenizer=source.tokenizer,
+                       tensors=tensors, info=dict(source.info))
 
 
 def agreement(drafter, answers: list) -> float:
@@ -138,7 +138,8 @@ def main() -> int:
                            answers[0][0] + answers[0][1])
     del drafters
     rows.update(layer_drop_rows(path, target, answers, args.drop_layers))
-    print(f"draft model {Path(path).name} for {args.model}: {args.questions} MT-Bench answers, {tokens} tokens")
+    print(f"draft model {Path(path).name} for {args.model}: {args.questions} MT-Bench answers, "
+          f"{tokens} tokens")
     print("| draft matrices | top-1 agreement | draft token ms | target step ms | ratio | laid out MiB |")
     print("|---|---|---|---|---|---|")
     run, records = new_run_id(), []
@@ -147,7 +148,7 @@ def main() -> int:
         base = {"run": run, "model": args.model, "config": f"draft {Path(path).name}, matrices {fmt}",
                 "command": command.strip()}
         notes = f"{tokens} MT-Bench answer tokens, teacher-forced"
-        if fmt not in seconds:  # a layer-drop variant: agreement only (its forward is that many layers shorter)
+        if fmt not in seconds:  # a layer-drop variant: agreement only (a forward that many layers shorter)
             print(f"| {fmt} | {r['agreement']:.3f} | - | - | - | {r['laid_out_mb']:.0f} |")
             records.append({**base, "metric": "top1_agreement", "value": round(r["agreement"], 4),
                             "notes": f"{notes}; layers left out: {r['dropped']}"})

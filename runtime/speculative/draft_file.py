@@ -3,7 +3,7 @@ matrix of more bits per weight than q4_0 in q4_0.
 
 Under a budget the draft model streams from flash the layers its share cannot keep, for every
 draft token. Qwen2.5-Coder-0.5B's GGUF file holds q5_0, q6_k and q8_0 matrices (392 MB with the
-output matrix whose rows become its shortlist head); in q4_0 they take 264 MB, so more layers stay
+output matrix whose rows become its shortlist head); in q4_0 they take 278 MB, so more layers stay
 resident and each draft token reads less. Without a budget the same conversion happens in memory
 at load (draft_model.DRAFT_REQUANTIZE); a budgeted run converts nothing in memory (its plan counts
 the file's bytes), so it reads a converted file instead.
@@ -12,7 +12,7 @@ The copy is written once, into the model cache, a slice of rows at a time (memor
 MB whatever the model), under a temporary name renamed into place, so a reader never sees half of
 one. Metadata bytes are copied as they are; the token embedding keeps its format (its rows are
 read one token at a time). Later loads reuse the copy while the original's size and modification
-time are unchanged.
+time are unchanged; a new copy replaces the copies of earlier versions of a file of that name.
 """
 
 from __future__ import annotations
@@ -50,9 +50,13 @@ def budgeted_draft_path(draft: ModelSource) -> Path:
     if gguf is None or not any(_converts(info) for info in gguf.tensors.values()):
         return Path(draft.path)
     stat = os.stat(draft.path)
-    copy = cache_dir() / "draft-copies" / f"{Path(draft.path).stem}.{stat.st_size}-{stat.st_mtime_ns}.{DRAFT_FILE_FORMAT}.gguf"
+    name = f"{Path(draft.path).stem}.{stat.st_size}-{stat.st_mtime_ns}.{DRAFT_FILE_FORMAT}.gguf"
+    copy = cache_dir() / "draft-copies" / name
     if not copy.is_file():
         _write_copy(gguf, copy)
+        for stale in copy.parent.glob(f"{Path(draft.path).stem}.*.{DRAFT_FILE_FORMAT}.gguf"):
+            if stale != copy:  # a copy of an earlier version of the file (same name, other size or time)
+                stale.unlink(missing_ok=True)
     return copy
 
 
@@ -60,7 +64,8 @@ def _converts(info: TensorInfo) -> bool:
     if info.name in KEPT or len(info.shape) != 2:
         return False
     wanted = get_format(DRAFT_FILE_FORMAT)
-    return info.shape[1] % wanted.block_elems == 0 and get_format(info.fmt).bits_per_weight > wanted.bits_per_weight
+    return info.shape[1] % wanted.block_elems == 0 and \
+        get_format(info.fmt).bits_per_weight > wanted.bits_per_weight
 
 
 def _write_copy(gguf: GGUFFile, copy: Path) -> None:
@@ -69,10 +74,11 @@ def _write_copy(gguf: GGUFFile, copy: Path) -> None:
         copy.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp_name = tempfile.mkstemp(prefix=f".{copy.name}.", suffix=".partial", dir=copy.parent)
     except OSError as e:
-        raise UserError(f"draft model {gguf.path}: cannot write its {DRAFT_FILE_FORMAT} copy into {copy.parent} "
-                        f"({e.strerror}); set EDGEFLASH_CACHE to a writable folder") from None
+        raise UserError(f"draft model {gguf.path}: cannot write its {DRAFT_FILE_FORMAT} copy into "
+                        f"{copy.parent} ({e.strerror}); set EDGEFLASH_CACHE to a writable folder") from None
     tmp = Path(tmp_name)
-    formats = {name: DRAFT_FILE_FORMAT if _converts(info) else info.fmt for name, info in gguf.tensors.items()}
+    formats = {name: DRAFT_FILE_FORMAT if _converts(info) else info.fmt
+               for name, info in gguf.tensors.items()}
     try:
         os.fchmod(fd, 0o644)
         # The original is read with pread, not through its memory map: mapped pages would count in

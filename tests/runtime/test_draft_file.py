@@ -46,18 +46,21 @@ def test_the_copy_converts_wider_matrices_and_keeps_everything_else(smollm_path,
         # q4_0 steps are 1/8 of a block's largest magnitude; the error is at most half a step
         assert np.abs(got - want).max() <= np.abs(want).max() / 8, name
     # a q4_0 block of 32 weights takes 18 bytes, a q4_1 block 20
-    assert 10 * sum(converted.tensors[n].nbytes for n in changed) == 9 * sum(original.tensors[n].nbytes for n in changed)
+    sizes = [sum(f.tensors[n].nbytes for n in changed) for f in (original, converted)]
+    assert 10 * sizes[1] == 9 * sizes[0]
 
 
-def test_the_copy_is_written_once_and_a_changed_original_gets_a_new_one(smollm_path, tmp_path, cache_home):
+def test_the_copy_is_written_once_and_a_changed_original_replaces_it(smollm_path, tmp_path, cache_home):
     first = budgeted_draft_path(open_model(smollm_path, verify=False))
     written = first.stat().st_mtime_ns
     assert budgeted_draft_path(open_model(smollm_path, verify=False)) == first
     assert first.stat().st_mtime_ns == written
-    moved = tmp_path / "draft.gguf"
-    moved.write_bytes(smollm_path.read_bytes())
-    assert budgeted_draft_path(open_model(moved, verify=False)) != first
-    assert not list(first.parent.glob(".*partial"))
+    changed = tmp_path / smollm_path.name  # a file of the same name, written later
+    changed.write_bytes(smollm_path.read_bytes())
+    second = budgeted_draft_path(open_model(changed, verify=False))
+    assert second != first and second.is_file()
+    assert not first.exists()  # the copy of the earlier version is gone
+    assert sorted(p.name for p in first.parent.iterdir()) == [second.name]  # no partial file left
 
 
 def test_a_bundle_draft_model_is_read_as_it_is(smol_bundle, cache_home):
@@ -72,7 +75,8 @@ BUDGETED_DRAFT = textwrap.dedent("""
     from edgeflash.base.rss import current_rss_bytes, peak_rss_bytes, reset_peak_rss
     bundle, draft, budget = sys.argv[1], sys.argv[2], int(sys.argv[3])
     reset_peak_rss(); before = current_rss_bytes()
-    m = ef.load(bundle, memory_budget=budget, context_length=256, kv_cache="q8_0", speculative=f"draft:{draft}")
+    m = ef.load(bundle, memory_budget=budget, context_length=256, kv_cache="q8_0",
+                speculative=f"draft:{draft}")
     r = m.generate("Once upon a time, in a small village by the sea,", max_tokens=32)
     plain = m.generate("Once upon a time, in a small village by the sea,", max_tokens=32, speculative="none")
     print(json.dumps({"peak": peak_rss_bytes() - before, "budget": budget, "same": r.tokens == plain.tokens,
@@ -85,8 +89,8 @@ def test_a_budgeted_run_drafts_from_the_copy_inside_its_budget(smol_bundle, smol
     """The copy is written during the load, so the peak below covers writing it too."""
     budget = int((smol_bundle / "weights.bin").stat().st_size * 1.2)
     env = {**os.environ, "EDGEFLASH_CACHE": str(cache_home)}
-    proc = subprocess.run([sys.executable, "-c", BUDGETED_DRAFT, str(smol_bundle), str(smollm_path), str(budget)],
-                          capture_output=True, text=True, timeout=600, env=env, check=False)
+    args = [sys.executable, "-c", BUDGETED_DRAFT, str(smol_bundle), str(smollm_path), str(budget)]
+    proc = subprocess.run(args, capture_output=True, text=True, timeout=600, env=env, check=False)
     assert proc.returncode == 0, proc.stderr[-2000:]
     out = json.loads(proc.stdout.strip().splitlines()[-1])
     assert out["draft_file"].startswith(str(cache_home / "models" / "draft-copies")), out
