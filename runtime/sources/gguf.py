@@ -262,6 +262,10 @@ class GGUFFile:
                                f"but the file has {self.file_size}")
             self.tensors[name] = TensorInfo(name, fmt, shape, offset, nbytes)
         self._check_layout(cur)
+        # Every header value now lives in Python objects; the header's pages (a 151k-token
+        # vocabulary and its merges are 6-8 MB) would otherwise count against a budget for as long as
+        # the file is open. They are re-read from the file if ever touched again.
+        self._drop_pages(0, self.data_start)
 
     def _tensor_info(self, cur: _Cursor) -> tuple[str, str, tuple[int, ...], int, int]:
         name = cur.string("tensor name", MAX_TENSOR_NAME_BYTES)
@@ -358,9 +362,13 @@ class GGUFFile:
         For tensors the loader copied in rewritten form: the file's pages, touched while
         rewriting, would otherwise stay resident next to the copy."""
         info = self.tensors[name]
+        self._drop_pages(info.offset, info.offset + info.nbytes)
+
+    def _drop_pages(self, begin: int, end: int) -> None:
+        """Unmap the pages wholly inside bytes [begin, end): neighbours keep theirs."""
         page = mmap.PAGESIZE
-        start = -(-info.offset // page) * page  # pages wholly inside the tensor: neighbours keep theirs
-        end = (info.offset + info.nbytes) // page * page
+        start = -(-begin // page) * page
+        end = end // page * page
         if end > start and hasattr(mmap, "MADV_DONTNEED"):
             self._map.madvise(mmap.MADV_DONTNEED, start, end - start)
 

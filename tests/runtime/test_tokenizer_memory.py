@@ -58,3 +58,29 @@ def test_tokenizer_resident_memory(name, request, tmp_path):
         assert measured[stage] <= BOUNDS[name], (
             f"{name} tokenizer holds {measured[stage] / MB:.1f} MB resident once {stage}; "
             f"the bound is {BOUNDS[name] / MB:.0f} MB")
+
+
+_HEADER_PAGES = r"""
+import json, sys
+from edgeflash.runtime.sources.gguf import GGUFFile
+
+def file_rss():
+    for line in open("/proc/self/status"):
+        if line.startswith("RssFile:"):
+            return int(line.split()[1]) * 1024
+
+start = file_rss()
+gguf = GGUFFile(sys.argv[1])
+print(json.dumps({"header": gguf.data_start, "mapped": file_rss() - start, "keys": len(gguf.metadata)}))
+"""
+
+
+def test_opened_gguf_keeps_no_header_pages(gemma_path, tmp_path):
+    """The header's values are parsed into Python objects; its pages (most of it Gemma 3's
+    262,144-token vocabulary) must not stay mapped, where a budget would count them."""
+    result = subprocess.run([sys.executable, "-c", _HEADER_PAGES, str(gemma_path)], text=True,
+                            capture_output=True, check=False, cwd=tmp_path, timeout=300)
+    assert result.returncode == 0, result.stderr[-2000:]
+    measured = json.loads(result.stdout.strip().splitlines()[-1])
+    assert measured["keys"] > 10 and measured["header"] > 4 * MB
+    assert measured["mapped"] < MB, f"{measured['mapped'] / MB:.1f} MB of a {measured['header'] / MB:.1f} MB header stay mapped"
