@@ -24,7 +24,7 @@ from edgeflash.memory.planner import BudgetError
 from edgeflash.runtime.native_config import engine_memory, engine_options
 from edgeflash.runtime.source import ModelSource
 from edgeflash.runtime.spec import ModelSpec
-from edgeflash.runtime.speculative.draft_head import DEFAULT_CONTEXT_ROWS, DEFAULT_DRAFT_SHORTLIST, head_bytes
+from edgeflash.runtime.speculative.draft_head import DEFAULT_DRAFT_SHORTLIST, context_rows, head_bytes
 from edgeflash.runtime.speculative.drafters import LookupDrafter, lookup_index_bytes
 from edgeflash.runtime.speculative.self_draft import DEFAULT_SHORTLIST, SELF_DRAFT_MAX_BATCH
 
@@ -89,7 +89,7 @@ def draft_model_bytes(path: str | Path, target: ModelSource, context: int, kv_fo
     d = open_draft_model(path, target)
     head = d.tensors[head_tensor_name(d)]
     weights = sum(t.nbytes for n, t in d.tensors.items() if n != "output.weight")
-    return weights + head_bytes(head, DEFAULT_DRAFT_SHORTLIST, DEFAULT_CONTEXT_ROWS) + \
+    return weights + head_bytes(head, DEFAULT_DRAFT_SHORTLIST, context_rows(context)) + \
         _engine_bytes(d.spec, context, DRAFT_MAX_BATCH, kv_format, DRAFT_ACTIVATIONS)
 
 

@@ -14,6 +14,9 @@ most of those come from a small part of the vocabulary. The shortlist is
   identifiers and words of the passage the answer quotes.
 Rows come from the draft model's head tensor; room for `extra` context tokens is reserved up front
 so the buffer never moves (the engine reads it in place) and the memory is known before loading.
+A context holds at most as many distinct tokens as the context length, so that is all the room a
+draft model needs (context_rows); when earlier contexts' tokens fill it, they are forgotten and the
+current context's taken in again.
 """
 
 from __future__ import annotations
@@ -24,7 +27,12 @@ from typing import Any
 import numpy as np
 
 DEFAULT_DRAFT_SHORTLIST = 32768
-DEFAULT_CONTEXT_ROWS = 4096  # context tokens outside the shortlist the head can take in
+DEFAULT_CONTEXT_ROWS = 4096  # context tokens outside the shortlist the head can take in, at most
+
+
+def context_rows(context_length: int) -> int:
+    """Room for context tokens a draft model's head needs with a target of this context length."""
+    return min(DEFAULT_CONTEXT_ROWS, context_length)
 
 
 class DraftHead:
@@ -43,6 +51,7 @@ class DraftHead:
         self._member = np.zeros(head.rows, dtype=bool)
         self.count = 0
         self._append(base_ids)
+        self.base = self.count  # rows past this one are context tokens
 
     @property
     def capacity(self) -> int:
@@ -61,10 +70,22 @@ class DraftHead:
         self._member[ids] = True
         self.count += len(ids)
 
+    def _fresh(self, tokens: Iterable[int]) -> np.ndarray:
+        fresh = np.unique(np.fromiter((t for t in tokens if 0 <= t < self.vocab), dtype=np.int32))
+        return fresh[~self._member[fresh]]
+
+    def has_room(self, tokens: Iterable[int]) -> bool:
+        """Whether every token of `tokens` not yet covered fits."""
+        return len(self._fresh(tokens)) <= self.capacity - self.count
+
+    def forget_context(self) -> None:
+        """Drop every context token taken in so far (the shortlist stays)."""
+        self._member[self.ids[self.base:self.count]] = False
+        self.count = self.base
+
     def add(self, tokens: Iterable[int]) -> bool:
         """Take in the tokens not yet covered (while there is room); True if any was added."""
-        fresh = np.unique(np.fromiter((t for t in tokens if 0 <= t < self.vocab), dtype=np.int32))
-        fresh = fresh[~self._member[fresh]]
+        fresh = self._fresh(tokens)
         before = self.count
         self._append(fresh)
         return self.count > before

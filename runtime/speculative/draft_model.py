@@ -30,9 +30,9 @@ from edgeflash.runtime.native_engine import NativeEngine
 from edgeflash.runtime.source import ModelSource
 from edgeflash.runtime.sources import open_model
 from edgeflash.runtime.speculative.draft_head import (
-    DEFAULT_CONTEXT_ROWS,
     DEFAULT_DRAFT_SHORTLIST,
     DraftHead,
+    context_rows,
     head_bytes,
     shortlist_ids,
 )
@@ -194,7 +194,7 @@ def budgeted_draft_weights(draft: ModelSource, target: ModelSource, context: int
     from edgeflash.runtime.approximate import ROW_READ_BYTES
 
     head = draft.tensors[head_tensor_name(draft)]
-    fixed = {"draft_head": head_bytes(head, DEFAULT_DRAFT_SHORTLIST, DEFAULT_CONTEXT_ROWS) + ROW_READ_BYTES,
+    fixed = {"draft_head": head_bytes(head, DEFAULT_DRAFT_SHORTLIST, context_rows(context)) + ROW_READ_BYTES,
              "draft_metadata": opening_bytes(draft.path, target)}
     return BudgetedWeights(draft, budget=budget, options=draft_options(draft, context, kv_format, True),
                            fixed_costs=fixed, full_head=False)
@@ -214,11 +214,13 @@ def model_drafter(path: str | Path, target: NativeEngine, shortlist: int | None 
     ids = shortlist_ids(target.source, shortlist or DEFAULT_DRAFT_SHORTLIST)
     weights: Any
     if budget is None:
-        head = DraftHead(head_tensor, lambda rows: np.ascontiguousarray(head_tensor.take_rows(rows).raw), ids)
+        head = DraftHead(head_tensor, lambda rows: np.ascontiguousarray(head_tensor.take_rows(rows).raw), ids,
+                         extra=context_rows(target.context_length))
         weights = DraftModelWeights(source, head)
     else:
         planned = budgeted_draft_weights(source, target.source, target.context_length, target.kv_format, budget)
-        head = DraftHead(head_tensor, lambda rows: planned.read_rows(head_name, rows), ids)
+        head = DraftHead(head_tensor, lambda rows: planned.read_rows(head_name, rows), ids,
+                         extra=context_rows(target.context_length))
         weights = BudgetedDraftWeights(planned, head)
     options = draft_options(source, target.context_length, target.kv_format, budget is not None)
     engine = NativeEngine(source, weights=weights, threads=target.threads, options=options,

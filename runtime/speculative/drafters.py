@@ -133,7 +133,13 @@ class ModelDrafter:
             view, common = self._view(history), 0
         e.truncate(min(common, len(view) - 1))
         tail = view[len(e.tokens):]
-        if self.head.add(tail):  # the context's tokens join the shortlist before they are needed
+        # The context's tokens join the shortlist before they are needed; when earlier contexts'
+        # tokens have filled the head's room, only this context's are kept.
+        if not self.head.has_room(tail):
+            self.head.forget_context()
+            self.head.add(view)
+            self.head.install(e._engine)
+        elif self.head.add(tail):
             self.head.install(e._engine)
         t0 = now()
         logits = e.forward(tail)[-1]

@@ -128,6 +128,33 @@ def test_draft_head_rows_are_the_draft_models_and_take_in_the_context(smollm_pat
     logits[30000], logits[7] = 3.0, 2.0
     token, p, runner_up, p2 = dh.best_two(logits)
     assert (token, runner_up) == (30000, 7) and p > p2 > 0 and p + p2 < 1
+    # a new context's tokens: no room left, so the earlier context's are forgotten first
+    assert not dh.has_room([45000, 45001]) and dh.has_room([5, 40000])
+    dh.forget_context()
+    assert dh.count == len(base) and dh.has_room(range(45000, 45008)) and not dh.has_room(range(45000, 45009))
+    assert dh.add([45000, 20000])
+    assert dh.ids[dh.count - 2:dh.count].tolist() == [20000, 45000]
+    assert np.array_equal(dh.rows[dh.count - 2:dh.count], head.take_rows(np.array([20000, 45000])).raw)
+    assert not dh.add([5])  # the shortlist stayed
+
+
+def test_a_draft_model_head_holds_one_context_at_a_time(smol_bundle, smollm_path):
+    """A draft model's head has room for as many context tokens as the context length: when
+    earlier prompts' tokens fill it, they are dropped and the current context's taken in again."""
+    from edgeflash.runtime.speculative.draft_head import context_rows
+
+    m = ef.load(smol_bundle, context_length=64, speculative=f"draft:{smollm_path}")
+    drafters = m._drafters[m.speculative]
+    _free_passes(drafters, greedy=True)  # the draft model catches up at once
+    head = drafters.model.head
+    assert head.capacity - head.base == context_rows(64) == 64
+    start = m.encode("Repeat these words:")
+    for i in range(4):  # each prompt holds 20 tokens outside the shortlist, its own
+        ids = start + list(range(40000 + 20 * i, 40020 + 20 * i))
+        m.generate(ids, max_tokens=4)
+        outside = set(ids) - set(head.ids[:head.base].tolist())
+        assert outside and outside <= set(head.ids[head.base:head.count].tolist())
+    assert head.count - head.base <= 64
 
 
 def test_drafts_shorten_at_the_end_of_the_context(smol_bundle):
