@@ -137,6 +137,7 @@ class Generation:
         }
         if self.speculative is not None:
             self.stats.update(self.speculative.stats.to_dict())
+            self.speculative.finish()
         if io_start is not None:  # flash reads of this generation (the engine counts since loading)
             io_end = _io_counters(engine)
             read, wait = io_end[0] - io_start[0], io_end[1] - io_start[1]

@@ -61,3 +61,10 @@ def smol_bundle(tmp_path_factory) -> Path:
 @pytest.fixture(scope="session")
 def gemma_bundle(tmp_path_factory) -> Path:
     return _export_bundle(tmp_path_factory, "gemma3-270m", "gemma3-q4_0")
+
+
+@pytest.fixture(autouse=True)
+def _speculative_state(tmp_path_factory, monkeypatch):
+    """Each test learns speculation afresh: what runs learned is kept between them on disk
+    (runtime/speculative/learned.py), which would make one test's choices depend on another's."""
+    monkeypatch.setenv("EDGEFLASH_SPECULATIVE_STATE", str(tmp_path_factory.mktemp("speculative-state")))

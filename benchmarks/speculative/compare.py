@@ -12,7 +12,8 @@ decodings, and its speedup is its decode tok/s over their mean; its output is ch
 token against plain decoding. Under a budget, plain decoding runs on a model loaded without
 speculation (all of the budget for the target) and each drafter on a model loaded with it (its
 reserve taken from the same budget). Drafters: `lookup`, `draft` (the draft model `auto` finds on
-this machine, alone) and `auto`. Results are appended to benchmarks/results/speculative.jsonl.
+this machine, alone) and `auto`. Each run starts from nothing learned by earlier runs (what that
+changes: first_answer.py). Results are appended to benchmarks/results/speculative.jsonl.
 """
 
 from __future__ import annotations
@@ -20,9 +21,11 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import json
+import os
 import statistics
 import subprocess
 import sys
+import tempfile
 import textwrap
 from pathlib import Path
 
@@ -161,9 +164,11 @@ def main() -> None:
             size = resolve_model(model).stat().st_size
         for budget in args.budgets:
             b = "none" if budget == "none" else str(int(size * float(budget)))
-            proc = subprocess.run([sys.executable, "-c", RUN, path, b, str(args.tokens), ",".join(args.drafters),
-                                   str(args.context), args.kv_cache, args.activations],
-                                  input=json.dumps(prompts), capture_output=True, text=True, cwd="/", check=False)
+            with tempfile.TemporaryDirectory() as state:  # nothing learned by earlier runs (first_answer.py)
+                proc = subprocess.run([sys.executable, "-c", RUN, path, b, str(args.tokens), ",".join(args.drafters),
+                                       str(args.context), args.kv_cache, args.activations],
+                                      input=json.dumps(prompts), capture_output=True, text=True, cwd="/", check=False,
+                                      env={**os.environ, "EDGEFLASH_SPECULATIVE_STATE": state})
             sys.stderr.write(proc.stderr[-3000:])
             if proc.returncode != 0:
                 print(f"| {model} | {label(budget)} | - | - | failed: {proc.stderr.strip().splitlines()[-1][:100]} |")

@@ -84,6 +84,10 @@ class SpeculativeDecoder:
             c.record_model_step(model, 1, t2 - t0)
         return [token]
 
+    def finish(self) -> None:
+        """The generation ended: what it taught is kept for the next run."""
+        self.drafters.save(self.greedy)
+
     def _pass(self, tree: DraftTree, history: list[int], t0: float) -> list[int]:
         t1 = now()
         out, path = self._verify(tree, history)
@@ -160,11 +164,11 @@ def make_drafter(kind: str, engine: Any, *, self_layers: int | None = None, shor
     """Drafters by name: lookup | self | draft:PATH | auto | auto:PATH. Under a budget, a draft
     model plans within what the budget reserved for speculation (budget.py)."""
     if kind == "lookup":
-        return Drafters(kind, LookupDrafter(), None)
+        return Drafters(kind, LookupDrafter(), None, engine)
     if kind == "self":
         from edgeflash.runtime.speculative.self_draft import self_drafter
 
-        return Drafters(kind, None, self_drafter(engine, self_layers, shortlist))
+        return Drafters(kind, None, self_drafter(engine, self_layers, shortlist), engine)
     if kind == "auto" or kind.startswith(("draft:", "auto:")):
         from edgeflash.runtime.speculative.budget import draft_model_path, lookup_reserve
         from edgeflash.runtime.speculative.draft_model import model_drafter
@@ -180,5 +184,5 @@ def make_drafter(kind: str, engine: Any, *, self_layers: int | None = None, shor
                                     f"model; load the model with speculative={kind!r}")
                 path = None  # `auto` under a budget without room for the draft model: lookup alone
         model = model_drafter(path, engine, shortlist, budget) if path is not None else None
-        return Drafters(kind, None if kind.startswith("draft:") else LookupDrafter(), model)
+        return Drafters(kind, None if kind.startswith("draft:") else LookupDrafter(), model, engine)
     raise UserError(f"speculative = {kind!r}: expected {KINDS}")

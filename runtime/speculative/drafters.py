@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from edgeflash.runtime.speculative import learned
 from edgeflash.runtime.speculative.controller import RUNNER_UP, Acceptance, Controller, CostModel, Guard, now
 from edgeflash.runtime.speculative.tree import DraftTree
 
@@ -184,17 +185,30 @@ class ModelDrafter:
 class Drafters:
     """What a decoder drafts with: lookup first (it costs nothing), then a draft model, if any."""
 
-    def __init__(self, name: str, lookup: LookupDrafter | None, model: ModelDrafter | None):
-        self.name, self.lookup, self.model = name, lookup, model
+    def __init__(self, name: str, lookup: LookupDrafter | None, model: ModelDrafter | None, target: Any = None):
+        """`target`: the engine drafted for, whose earlier runs' costs and calibration are kept
+        (learned.py); None: nothing is kept between runs."""
+        self.name, self.lookup, self.model, self.target = name, lookup, model, target
         self._state: dict[bool, tuple[CostModel, Acceptance, dict[str, Guard]]] = {}
 
     def state(self, greedy: bool) -> tuple[CostModel, Acceptance, dict[str, Guard]]:
         """What the controller learned with these drafters (costs are the engine's, acceptance the
-        drafters', guards what paid against plain decoding), kept across generations; greedy and
-        sampled verification apart."""
+        drafters', guards what paid against plain decoding), kept across generations, and costs and
+        calibration across runs; greedy and sampled verification apart."""
         if greedy not in self._state:
             self._state[greedy] = (CostModel(), Acceptance(), {})
+            learned.restore(self._learned_path(greedy), *self._state[greedy][:2])
         return self._state[greedy]
+
+    def save(self, greedy: bool) -> None:
+        """Keep what was learned for the next run (after a generation)."""
+        if greedy in self._state:
+            learned.store(self._learned_path(greedy), *self._state[greedy][:2])
+
+    def _learned_path(self, greedy: bool) -> Any:
+        if self.target is None:
+            return None
+        return learned.learned_path(self.target, self.name, self.model.engine if self.model else None, greedy)
 
     def extend(self, tree: DraftTree, history: list[int], controller: Controller, max_depth: int) -> str | None:
         """Add every drafter's proposals to `tree`; the name of the draft model if one ran."""

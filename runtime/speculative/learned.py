@@ -1,0 +1,131 @@
+"""What speculation learned on this machine, kept between runs.
+
+A controller learns what a plain step, a verification pass of each width, a draft-model forward
+and a draft model's catch-up cost, and how often the target accepts a draft model's tokens by
+their probability (controller.py). A process keeps that across its generations; this file keeps it
+across processes, so a command-line run, which is one generation, starts where the last run on the
+same model and settings ended instead of from priors (until it has measured them, a first answer
+guesses pass costs and lets a draft model join only 8 steps in).
+
+What is kept: costs and a draft model's calibration. Not kept: lookup rates, which follow the text
+and restart with every answer, and the guards, whose pauses belong to the run that lost.
+
+One JSON file per target file (its size and modification time), drafters, memory plan, engine
+settings and verification kind (greedy or sampled), in `$EDGEFLASH_CACHE/speculative` (or
+`$EDGEFLASH_SPECULATIVE_STATE`). A file that does not read back as expected is ignored and
+replaced; a cache that cannot be written is not an error (the run just learns again). A restored
+pass cost is never above the controller's prior for its width: a pass measured slow once (a busy
+moment) would otherwise keep every later run from verifying, and so from measuring it again.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import os
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from edgeflash.base.packaged_models import cache_dir
+from edgeflash.runtime.speculative.controller import PRIOR_SLOPE, Acceptance, CostModel
+
+VERSION = 1
+
+
+def learned_dir() -> Path:
+    """$EDGEFLASH_SPECULATIVE_STATE, else `speculative` beside the model cache."""
+    chosen = os.environ.get("EDGEFLASH_SPECULATIVE_STATE")
+    return Path(chosen).expanduser() if chosen else cache_dir().parent / "speculative"
+
+
+def _file_identity(path: str | Path) -> list[Any]:
+    resolved = Path(path).resolve()
+    st = resolved.stat()
+    return [str(resolved), st.st_size, st.st_mtime_ns]
+
+
+def learned_path(engine: Any, kind: str, draft_engine: Any | None, greedy: bool) -> Path | None:
+    """Where the state of `kind` drafting for `engine` is kept (None: the target is not a file)."""
+    try:
+        target = _file_identity(engine.source.path)
+        draft = _file_identity(draft_engine.source.path) if draft_engine is not None else None
+    except (OSError, AttributeError, TypeError):
+        return None
+    plan = getattr(getattr(engine, "weights", None), "plan", None)
+    key = {
+        "version": VERSION, "target": target, "kind": kind.split(":", 1)[0], "draft": draft,
+        "plan": None if plan is None else [plan.strategy, plan.budget, plan.total],
+        "activations": engine.activations, "kv": engine.kv_format, "threads": engine.threads,
+        "greedy": greedy,
+    }
+    digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:24]
+    return learned_dir() / f"{digest}.json"
+
+
+def _seconds(value: Any) -> float:
+    if not isinstance(value, (int, float)) or isinstance(value, bool) or not math.isfinite(value) or value <= 0:
+        raise ValueError(f"{value!r} is not a positive number of seconds")
+    return float(value)
+
+
+def _by_name(value: Any) -> dict[str, float]:
+    if not isinstance(value, dict):
+        raise ValueError("expected an object")
+    return {str(k): _seconds(v) for k, v in value.items()}
+
+
+def restore(path: Path | None, costs: CostModel, acceptance: Acceptance) -> bool:
+    """Fill `costs` and `acceptance` from `path`; False (both untouched) if it does not hold a
+    state this version wrote."""
+    if path is None:
+        return False
+    try:
+        data = json.loads(path.read_text())
+        if data.get("version") != VERSION:
+            return False
+        c = data["costs"]
+        plain = None if c["plain"] is None else _seconds(c["plain"])
+        verify = {int(w): _seconds(s) for w, s in c["verify"].items()}
+        draft, catch_up = _by_name(c["draft"]), _by_name(c["catch_up"])
+        tables = {}
+        for origin, rows in data["acceptance"].items():
+            table = np.asarray(rows, dtype=np.float64)
+            if table.shape != (Acceptance.BINS, 2) or not np.all(np.isfinite(table)) or \
+                    np.any(table < 0) or np.any(table[:, 0] > table[:, 1]) or np.any(table[:, 1] <= 0):
+                return False
+            tables[str(origin)] = table
+        recent = {str(k): float(v) for k, v in data["recent"].items() if 0.0 <= float(v) <= 1.0}
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return False
+    if any(w < 2 for w in verify):
+        return False
+    if plain is not None:
+        verify = {w: min(s, plain * (1 + PRIOR_SLOPE * (w - 1))) for w, s in verify.items()}
+    costs.plain, costs.verify, costs.draft, costs.catch_up = plain, verify, draft, catch_up
+    acceptance.model, acceptance.model_recent = tables, recent
+    return True
+
+
+def store(path: Path | None, costs: CostModel, acceptance: Acceptance) -> None:
+    """Write the state to `path` (whole or not at all); an unwritable cache is silently skipped."""
+    if path is None:
+        return
+    data = {
+        "version": VERSION,
+        "costs": {"plain": costs.plain, "verify": {str(w): s for w, s in costs.verify.items()},
+                  "draft": costs.draft, "catch_up": costs.catch_up},
+        "acceptance": {origin: table.tolist() for origin, table in acceptance.model.items()},
+        "recent": acceptance.model_recent,
+    }
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp.write_text(json.dumps(data))
+        os.replace(tmp, path)
+    except OSError:
+        try:
+            tmp.unlink(missing_ok=True)
+        except OSError:
+            pass
