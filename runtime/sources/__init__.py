@@ -12,9 +12,11 @@ from edgeflash.base.regular_files import open_regular
 from edgeflash.runtime.source import ModelSource
 
 
-def open_model(path: str | Path, *, verify: bool = True) -> ModelSource:
+def open_model(path: str | Path, *, verify: bool = True, tokenizer_of: ModelSource | None = None) -> ModelSource:
     """Load a GGUF file, a Hugging Face directory or an edgeflash bundle, by what is on disk.
-    `verify=False` skips a bundle's checksum pass (a budgeted run verifies with direct I/O)."""
+    `verify=False` skips a bundle's checksum pass (a budgeted run verifies with direct I/O).
+    `tokenizer_of`: an opened GGUF model whose tokenizer a GGUF file at `path` uses instead of
+    building its own when its tokenizer metadata is the same (a draft model beside its target)."""
     path = Path(path).expanduser()
     shown = printable(path)
     if not path.exists():
@@ -38,6 +40,6 @@ def open_model(path: str | Path, *, verify: bool = True) -> ModelSource:
     if magic == b"GGUF":
         from edgeflash.runtime.sources.gguf import load_gguf
 
-        return load_gguf(path)
+        return load_gguf(path, tokenizer_of=tokenizer_of)
     raise ModelFormatError(f"{shown}: not a model file (starts with {printable(repr(magic))}; expected a GGUF file, "
                            "an edgeflash bundle directory or a Hugging Face directory)")

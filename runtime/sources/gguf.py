@@ -16,6 +16,8 @@ against the hyperparameters) live in `validate`.
 
 from __future__ import annotations
 
+import hashlib
+import json
 import mmap
 import os
 import struct
@@ -378,10 +380,22 @@ def read_metadata(path: str | Path) -> dict[str, Any]:
     return GGUFFile(path).metadata
 
 
-def load_gguf(path: str | Path) -> ModelSource:
+def tokenizer_fingerprint(metadata: dict[str, Any]) -> str:
+    """A digest of every `tokenizer.*` value but chat templates: two files with the same one
+    encode and decode alike (a model's chat template is applied by its own runs only)."""
+    digest = hashlib.sha256()
+    for key in sorted(k for k in metadata if k.startswith("tokenizer.") and not k.startswith("tokenizer.chat_template")):
+        value = metadata[key]
+        digest.update(json.dumps([key, type(value).__name__, value], default=repr).encode() + b"\n")
+    return digest.hexdigest()
+
+
+def load_gguf(path: str | Path, tokenizer_of: ModelSource | None = None) -> ModelSource:
     """A GGUF file as a ModelSource: spec from metadata, tokenizer from metadata, tensors
     zero-copy from the memory map (fixed to the canonical layout where a family needs it).
-    Every field is checked (`validate`) before the spec, the tokenizer or a tensor is built."""
+    Every field is checked (`validate`) before the spec, the tokenizer or a tensor is built.
+    `tokenizer_of`: an opened model whose tokenizer is used when this file's tokenizer metadata
+    is the same (building a 151k-token tokenizer only to drop it leaves megabytes of heap behind)."""
     from edgeflash.runtime.families import family_for_gguf_arch
     from edgeflash.runtime.source import ModelSource, expected_tensor_names
     from edgeflash.runtime.tokenizer import Tokenizer
@@ -394,10 +408,14 @@ def load_gguf(path: str | Path) -> ModelSource:
     spec = family.spec_from_gguf(gguf_file.metadata, set(gguf_file.tensors), where)
     check_spec_against_file(spec, gguf_file, where)
     check_tensor_shapes(spec, {name: info.shape for name, info in gguf_file.tensors.items()}, where)
-    try:
-        tokenizer = Tokenizer.from_gguf_metadata(gguf_file.metadata)
-    except ValueError as e:
-        raise UnsupportedModelError(f"{where}: {printable(e, 400)}") from None
+    fingerprint = tokenizer_fingerprint(gguf_file.metadata)
+    if tokenizer_of is not None and tokenizer_of.info.get("tokenizer_fingerprint") == fingerprint:
+        tokenizer = tokenizer_of.tokenizer
+    else:
+        try:
+            tokenizer = Tokenizer.from_gguf_metadata(gguf_file.metadata)
+        except ValueError as e:
+            raise UnsupportedModelError(f"{where}: {printable(e, 400)}") from None
     gguf_file.drop_large_metadata()  # the vocabulary now lives in the tokenizer
     tensors, rewritten = {}, []
     for name in gguf_file.tensors:
@@ -410,6 +428,6 @@ def load_gguf(path: str | Path) -> ModelSource:
                          # The name is shown in banners and warnings: kept as visible text only.
                          info={"name": printable(gguf_file.metadata.get("general.name") or gguf_file.path.stem),
                                "file_bytes": gguf_file.file_size, "gguf": gguf_file,
-                               "rewritten_tensors": rewritten})
+                               "rewritten_tensors": rewritten, "tokenizer_fingerprint": fingerprint})
     source.require(expected_tensor_names(spec))
     return source

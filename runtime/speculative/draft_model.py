@@ -67,13 +67,14 @@ def _opened(target: ModelSource) -> dict[str, tuple[ModelSource | None, int]]:
 def open_draft_model(path: str | Path, target: ModelSource, verify: bool = True,
                      required: bool = True) -> ModelSource | None:
     """The draft model at `path`, checked to use the target's tokenizer (then it uses the
-    target's: its own tables go). None if it does not and not `required`."""
+    target's: a GGUF file with the same tokenizer metadata never builds its own). None if it does
+    not and not `required`."""
     resolved = Path(resolve_model(str(path))).expanduser().resolve()
     cache = _opened(target)
     if str(resolved) not in cache:
         before = current_rss_bytes()
-        source: ModelSource | None = open_model(resolved, verify=verify)
-        if same_tokenizer(source, target):
+        source: ModelSource | None = open_model(resolved, verify=verify, tokenizer_of=target)
+        if source.tokenizer is target.tokenizer or same_tokenizer(source, target):
             source.tokenizer = target.tokenizer
         else:
             source = None

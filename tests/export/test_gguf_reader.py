@@ -97,3 +97,25 @@ def test_unknown_tensor_type(smollm_path, tmp_path):
     p.write_bytes(bytes(data))
     with pytest.raises(UnsupportedModelError, match="unknown GGML tensor type 999"):
         GGUFFile(p)
+
+
+def test_a_model_with_the_same_tokenizer_metadata_reuses_the_opened_tokenizer(smollm_path, gemma_path):
+    """A draft model opened beside its target takes the target's tokenizer instead of building its
+    own, when every tokenizer value but the chat template is the same."""
+    from edgeflash.runtime.sources import open_model
+    from edgeflash.runtime.sources.gguf import tokenizer_fingerprint
+
+    smol = open_model(smollm_path)
+    again = open_model(smollm_path, tokenizer_of=smol)
+    assert again.tokenizer is smol.tokenizer
+    gemma = open_model(gemma_path, tokenizer_of=smol)  # another tokenizer: built from its own metadata
+    assert gemma.tokenizer is not smol.tokenizer
+    assert gemma.tokenizer.encode("Hello world") != smol.tokenizer.encode("Hello world")
+
+    meta = {"tokenizer.ggml.tokens": ["a", "b", "ab"], "tokenizer.ggml.merges": ["a b"],
+            "tokenizer.ggml.eos_token_id": 2, "tokenizer.chat_template": "{{ messages }}", "general.name": "x"}
+    same = {**meta, "tokenizer.chat_template": "another template", "general.name": "y"}
+    assert tokenizer_fingerprint(meta) == tokenizer_fingerprint(same)
+    for changed in ({"tokenizer.ggml.eos_token_id": 1}, {"tokenizer.ggml.tokens": ["a", "b", "ba"]},
+                    {"tokenizer.ggml.merges": ["a b", ""]}, {"tokenizer.ggml.add_bos_token": True}):
+        assert tokenizer_fingerprint({**meta, **changed}) != tokenizer_fingerprint(meta)
