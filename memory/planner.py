@@ -23,7 +23,7 @@ from edgeflash.base.errors import UserError
 from edgeflash.base.sizes import format_size
 from edgeflash.memory.huge_pages import fills_huge_pages, staging_arena_bytes, whole_huge_pages
 from edgeflash.memory.io_profile import DEFAULT_CHUNK, DEFAULT_THREADS
-from edgeflash.memory.layout import ALIGN, WeightGroup, WeightLayout, align_up
+from edgeflash.memory.layout import ALIGN, WeightGroup, WeightLayout, align_up, layer_units
 
 STRATEGIES = ("naive", "hybrid", "flash")
 
@@ -177,7 +177,9 @@ def _plan(layout: WeightLayout, budget: int, strategy: str, fixed: dict[str, int
     io = IoSettings(threads=io_threads if flash else 1, chunk_bytes=chunk_bytes, slots=slots, prefetch=flash)
 
     def layer_unit(i: int, resident: set[str]) -> int:
-        return sum(g.nbytes for g in layout.layer_groups(i) if g.name not in resident and g.name not in skip)
+        """The largest read unit of layer i's streamed groups (a part of the block, `layer_units`)."""
+        streamed = [g for g in layout.layer_groups(i) if g.name not in resident and g.name not in skip]
+        return max((u.nbytes for u in layer_units(layout, streamed)), default=0)
 
     def staging(resident: set[str]) -> tuple[int, int]:
         """The slots' bytes, and one slot: the largest unit (a streamed head chunk spans as much)."""

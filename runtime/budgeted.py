@@ -20,7 +20,8 @@ from edgeflash.base.sizes import format_size
 from edgeflash.kernels import _native
 from edgeflash.memory.direct_io import aligned_empty, open_direct, read_range
 from edgeflash.memory.io_profile import best_settings
-from edgeflash.memory.layout import Location, WeightLayout, align_down, align_up, build_layout, group_units
+from edgeflash.memory.layout import (LAYER_PARTS, Location, WeightLayout, align_down, align_up, build_layout,
+                                     layer_units)
 from edgeflash.memory.planner import BudgetError, make_plan
 from edgeflash.memory.sparse_cost import CHUNK_READ_PENALTY, SMALL_READ_PENALTY, choose_ffn
 from edgeflash.memory.sparsity_profile import lookup
@@ -280,24 +281,13 @@ class BudgetedWeights:
         streamed = set(plan.streamed)
         for layer in range(self.spec.n_layers):
             groups = [g for g in layout.layer_groups(layer) if g.name in streamed]
-            if not groups:
-                continue
-            ranges = group_units(layout, groups)
-            placed, at = [], 0  # (file offset, bytes, where the range lands in the staging slot)
-            for start, nbytes in ranges:
-                placed.append((start, nbytes, at))
-                at += nbytes
-            tensors = []
-            for g in groups:
-                for name in g.tensors:
-                    if name in g.pinned:
-                        continue
-                    loc = layout.locations[name]
-                    start, slot_at = next((s, a) for s, n, a in placed if s <= loc.offset < s + n)
-                    st = _streamed(self.source.tensors[name], loc.offset - start + slot_at)
+            for lu in layer_units(layout, groups):
+                tensors = []
+                for name in lu.tensors:
+                    st = _streamed(self.source.tensors[name], lu.slot_offset(name, layout.locations))
                     st.target = LAYER_SLOTS[name.split(".", 2)[2]]
                     tensors.append(st)
-            units.append(_unit(ranges, tensors, layer=layer))
+                units.append(_unit(lu.ranges, tensors, layer=layer, parts=lu.parts))
         if plan.head_chunk_rows:
             name = "output.weight" if "head" in layout.groups else "token_embd.weight"
             t, loc = self.source.tensors[name], layout.locations[name]
@@ -338,8 +328,9 @@ def _streamed(t: Tensor, offset: int) -> _native.StreamedTensor:
 
 
 def _unit(ranges: list[tuple[int, int]], tensors: list[_native.StreamedTensor], *, layer: int = -1,
-          head_chunk: int = -1, head_row0: int = 0) -> _native.StreamUnit:
+          parts: tuple[int, int] = (0, len(LAYER_PARTS) - 1), head_chunk: int = -1,
+          head_row0: int = 0) -> _native.StreamUnit:
     u = _native.StreamUnit()
-    u.layer, u.head_chunk, u.head_row0, u.ranges, u.tensors = layer, head_chunk, head_row0, ranges, tensors
+    u.layer, u.parts, u.head_chunk, u.head_row0, u.ranges, u.tensors = layer, parts, head_chunk, head_row0, ranges, tensors
     return u
 

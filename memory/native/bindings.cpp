@@ -31,6 +31,17 @@ void bind_memory(nb::module_& m) {
     }
     return out;
   });
+  // (layer tensor, part of the block that reads it: an index into LAYER_PARTS) of every slot.
+  m.def("layer_slot_parts", [] {
+    std::vector<std::pair<std::string, int>> out;
+    for (int i = 0; i < kSlotCount; ++i) {
+      const SlotInfo& s = slot_info(static_cast<Slot>(i));
+      out.emplace_back(s.tensor, static_cast<int>(s.part));
+    }
+    return out;
+  });
+  static_assert(kLayerParts == 3, "LAYER_PARTS names every LayerPart in order");
+  m.attr("LAYER_PARTS") = nb::make_tuple("attention", "ffn_in", "ffn_out");
   m.attr("MATRIX_SLOTS") = kMatrixSlots;
   m.attr("IO_ALIGNMENT") = kIoAlignment;
 
@@ -52,6 +63,14 @@ void bind_memory(nb::module_& m) {
   nb::class_<StreamUnit>(m, "StreamUnit")
       .def(nb::init<>())
       .def_rw("layer", &StreamUnit::layer)
+      .def_prop_rw(  // the layer parts the unit holds: (first, last) indices into LAYER_PARTS
+          "parts", [](const StreamUnit& u) { return std::pair{static_cast<int>(u.first_part), static_cast<int>(u.last_part)}; },
+          [](StreamUnit& u, std::pair<int, int> parts) {
+            if (parts.first < 0 || parts.second >= kLayerParts || parts.first > parts.second)
+              throw KernelError("a unit's parts are (first, last) indices into LAYER_PARTS, first <= last");
+            u.first_part = static_cast<LayerPart>(parts.first);
+            u.last_part = static_cast<LayerPart>(parts.second);
+          })
       .def_rw("head_chunk", &StreamUnit::head_chunk)
       .def_rw("head_row0", &StreamUnit::head_row0)
       .def_rw("ranges", &StreamUnit::ranges)

@@ -2,27 +2,27 @@
 
 namespace ef {
 namespace {
-// Indexed by Slot: the one table of slot names (Python reads it through the bindings).
+// Indexed by Slot: the one table of slot names and parts (Python reads it through the bindings).
 const SlotInfo kSlots[kSlotCount] = {
-    {"q", "attn_q.weight"},
-    {"k", "attn_k.weight"},
-    {"v", "attn_v.weight"},
-    {"o", "attn_output.weight"},
-    {"gate", "ffn_gate.weight"},
-    {"up", "ffn_up.weight"},
-    {"down", "ffn_down.weight"},
-    {"pred_a", "predictor_a.weight"},
-    {"pred_b", "predictor_b.weight"},
-    {"ffn_arena", "ffn_arena"},
-    {"attn_norm", "attn_norm.weight"},
-    {"ffn_norm", "ffn_norm.weight"},
-    {"post_attn_norm", "post_attention_norm.weight"},
-    {"post_ffn_norm", "post_ffw_norm.weight"},
-    {"q_norm", "attn_q_norm.weight"},
-    {"k_norm", "attn_k_norm.weight"},
-    {"q_bias", "attn_q.bias"},
-    {"k_bias", "attn_k.bias"},
-    {"v_bias", "attn_v.bias"},
+    {"q", "attn_q.weight", LayerPart::attention},
+    {"k", "attn_k.weight", LayerPart::attention},
+    {"v", "attn_v.weight", LayerPart::attention},
+    {"o", "attn_output.weight", LayerPart::attention},
+    {"gate", "ffn_gate.weight", LayerPart::ffn_in},
+    {"up", "ffn_up.weight", LayerPart::ffn_in},
+    {"down", "ffn_down.weight", LayerPart::ffn_out},
+    {"pred_a", "predictor_a.weight", LayerPart::ffn_in},
+    {"pred_b", "predictor_b.weight", LayerPart::ffn_in},
+    {"ffn_arena", "ffn_arena", LayerPart::ffn_in},
+    {"attn_norm", "attn_norm.weight", LayerPart::attention},
+    {"ffn_norm", "ffn_norm.weight", LayerPart::ffn_in},
+    {"post_attn_norm", "post_attention_norm.weight", LayerPart::attention},
+    {"post_ffn_norm", "post_ffw_norm.weight", LayerPart::ffn_out},
+    {"q_norm", "attn_q_norm.weight", LayerPart::attention},
+    {"k_norm", "attn_k_norm.weight", LayerPart::attention},
+    {"q_bias", "attn_q.bias", LayerPart::attention},
+    {"k_bias", "attn_k.bias", LayerPart::attention},
+    {"v_bias", "attn_v.bias", LayerPart::attention},
 };
 }  // namespace
 

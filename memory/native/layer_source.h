@@ -22,9 +22,17 @@ enum class Slot : int {
 constexpr int kSlotCount = static_cast<int>(Slot::count);
 constexpr int kMatrixSlots = static_cast<int>(Slot::attn_norm);
 
+// The parts of a block, in the order the engine reads them: attention (with its norms and
+// biases), the FFN's input side (its norm, gate and up, or the arena, or the predictors), and its
+// output side (down and the norm after it). A streaming source may read a layer part by part, so
+// that a staging slot holds the largest part instead of a whole layer.
+enum class LayerPart : int { attention, ffn_in, ffn_out, count };
+constexpr int kLayerParts = static_cast<int>(LayerPart::count);
+
 struct SlotInfo {
   const char* name;    // the engine's name ("gate")
   const char* tensor;  // the layer tensor it holds ("ffn_gate.weight")
+  LayerPart part;      // the part of the block that reads it
 };
 
 const SlotInfo& slot_info(Slot s);
@@ -59,11 +67,16 @@ struct LayerWeights {
 };
 
 // Where a layer's weights come from. `acquire` may block until they are in memory (streamed
-// from flash); `release` says the forward pass is done with them for this call.
+// from flash); `release` says the forward pass is done with them for this call. Between the two
+// the engine walks the layer's parts in order: `ready(part)` before it reads a part's tensors (a
+// source that reads parts separately fills them into the weights `acquire` returned), `done(part)`
+// once it no longer reads them. Only the attention part is sure to be filled by `acquire` alone.
 class LayerSource {
  public:
   virtual ~LayerSource() = default;
   virtual const LayerWeights& acquire(int64_t layer) = 0;
+  virtual void ready(int64_t layer, LayerPart part) {}
+  virtual void done(int64_t layer, LayerPart part) {}
   virtual void release(int64_t layer) {}
   // A forward pass starts; `needs_head` says whether it will compute logits (a streaming source
   // uses it to plan what to read next).

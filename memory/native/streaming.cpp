@@ -16,11 +16,11 @@ size_t StreamUnit::bytes() const {
 StreamingWeights::StreamingWeights(std::shared_ptr<DirectReader> reader, ResidentLayers* resident,
                                    int64_t n_layers, std::vector<StreamUnit> units, int slots, size_t staging_bytes,
                                    bool prefetch)
-    : reader_(std::move(reader)), resident_(resident), units_(std::move(units)), layer_unit_(n_layers, -1),
-      prefetch_(prefetch) {
+    : reader_(std::move(reader)), resident_(resident), units_(std::move(units)),
+      part_unit_(n_layers * kLayerParts, -1), prefetch_(prefetch) {
   if (slots < 1) throw std::invalid_argument("streaming: at least one staging slot is needed");
   size_t largest = 0;
-  int64_t last_layer = -1;
+  int64_t last_layer = -1, last_part = kLayerParts - 1;
   bool seen_head = false;
   for (int64_t u = 0; u < static_cast<int64_t>(units_.size()); ++u) {
     const StreamUnit& unit = units_[u];
@@ -38,12 +38,20 @@ StreamingWeights::StreamingWeights(std::shared_ptr<DirectReader> reader, Residen
       if (t.offset % 4 || t.offset + t.bytes() > unit.bytes())
         throw std::invalid_argument(std::string("streaming: tensor '") + slot_info(t.target).name +
                                     "' lies outside its unit's bytes");
+      const LayerPart part = slot_info(t.target).part;
+      if (unit.layer >= 0 && (part < unit.first_part || part > unit.last_part))
+        throw std::invalid_argument(std::string("streaming: tensor '") + slot_info(t.target).name +
+                                    "' belongs to a part of the layer its unit does not cover");
     }
     if (unit.layer >= 0) {
-      if (seen_head || unit.layer <= last_layer || unit.layer >= n_layers)
-        throw std::invalid_argument("streaming: layer units must come first, in increasing layer order");
-      layer_unit_[unit.layer] = u;
+      const int first = static_cast<int>(unit.first_part), last = static_cast<int>(unit.last_part);
+      const bool follows = unit.layer > last_layer || (unit.layer == last_layer && first > last_part);
+      if (seen_head || !follows || unit.layer >= n_layers || first > last || first < 0 || last >= kLayerParts)
+        throw std::invalid_argument(
+            "streaming: layer units must come first, in increasing order of layer and part, each part once");
+      for (int p = first; p <= last; ++p) part_unit_[unit.layer * kLayerParts + p] = u;
       last_layer = unit.layer;
+      last_part = last;
     } else {
       if (unit.head_chunk != static_cast<int64_t>(head_units_.size()) || unit.tensors.size() != 1)
         throw std::invalid_argument("streaming: head chunks must come last, in order, one matrix each");
@@ -87,14 +95,13 @@ void StreamingWeights::issue_one() {
   if (slot < 0) throw std::logic_error("streaming: no free staging slot");
   const int64_t u = pending_next_;
   uint8_t* dst = slots_[slot];
-  uint64_t ticket = 0;
+  InFlight f{u, slot, {}};
   for (const auto& [offset, bytes] : units_[u].ranges) {  // ranges land back to back in the slot
-    if (ticket) reader_->wait(ticket);  // more than one range is rare; keep one ticket per unit
-    ticket = reader_->submit(offset, bytes, dst);
+    f.tickets.push_back(reader_->submit(offset, bytes, dst));
     dst += bytes;
   }
   slot_busy_[slot] = true;
-  in_flight_.push_back(InFlight{u, slot, ticket});
+  in_flight_.push_back(std::move(f));
   ++stats_.units_read;
   if (ahead_) ++issued_ahead_;  // this unit belongs to the next pass
   const int64_t next = next_unit(u);
@@ -117,10 +124,12 @@ void StreamingWeights::fill() {
 
 void StreamingWeights::drain() {
   for (const InFlight& f : in_flight_) {
-    try {
-      reader_->wait(f.ticket);
-    } catch (const std::exception&) {
-      // a failed read of a unit nobody will use: the next read of it reports the error
+    for (const uint64_t ticket : f.tickets) {
+      try {
+        reader_->wait(ticket);
+      } catch (const std::exception&) {
+        // a failed read of a unit nobody will use: the next read of it reports the error
+      }
     }
     slot_busy_[f.slot] = false;
   }
@@ -159,7 +168,7 @@ const StreamingWeights::InFlight& StreamingWeights::wait_front(int64_t unit) {
                            std::to_string(f.unit) + " is next in the read order");
   // If compute has to wait for this read, the pool's idle workers would spin for the next kernel
   // and hold a core the I/O threads need (a small board has two to four): park them.
-  reader_->wait(f.ticket, [] { ThreadPool::global().park(); });
+  for (const uint64_t ticket : f.tickets) reader_->wait(ticket, [] { ThreadPool::global().park(); });
   return f;
 }
 
@@ -170,10 +179,20 @@ void StreamingWeights::pop_front() {
 }
 
 const LayerWeights& StreamingWeights::acquire(int64_t layer) {
-  const int64_t u = layer_unit_.at(layer);
-  if (u < 0) return resident_->acquire(layer);
-  const InFlight& f = wait_front(u);
+  bool streamed = false;
+  for (int p = 0; p < kLayerParts; ++p) streamed |= unit_of(layer, static_cast<LayerPart>(p)) >= 0;
+  if (!streamed) return resident_->acquire(layer);
   current_ = resident_->at(layer);
+  filled_through_ = -1;
+  parts_done_ = 0;
+  ready(layer, LayerPart::attention);
+  return current_;
+}
+
+void StreamingWeights::ready(int64_t layer, LayerPart part) {
+  const int64_t u = unit_of(layer, part);
+  if (u < 0 || u <= filled_through_) return;  // resident, or filled in with an earlier part
+  const InFlight& f = wait_front(u);
   const uint8_t* base = slots_[f.slot];
   for (const StreamedTensor& t : units_[u].tensors) {
     const uint8_t* p = base + t.offset;
@@ -182,12 +201,23 @@ const LayerWeights& StreamingWeights::acquire(int64_t layer) {
     else
       current_.vector(t.target) = reinterpret_cast<const float*>(p);
   }
-  return current_;
+  filled_through_ = u;
 }
 
-void StreamingWeights::release(int64_t layer) {
-  if (layer_unit_.at(layer) >= 0) pop_front();
+void StreamingWeights::done(int64_t layer, LayerPart part) {
+  // Parts end in order; a unit's slot is free once its last part has ended. A unit the engine
+  // never asked for (a part its FFN path does not read) is still waited for: a read must not land
+  // in a slot that was given to the next one.
+  for (; parts_done_ <= static_cast<int>(part); ++parts_done_) {
+    const LayerPart p = static_cast<LayerPart>(parts_done_);
+    const int64_t u = unit_of(layer, p);
+    if (u < 0 || units_[u].last_part != p) continue;
+    ready(layer, p);
+    pop_front();
+  }
 }
+
+void StreamingWeights::release(int64_t layer) { done(layer, LayerPart::ffn_out); }
 
 const WeightMatrix& StreamingWeights::acquire_chunk(int64_t chunk, int64_t* first_row) {
   const int64_t u = head_units_.at(chunk);

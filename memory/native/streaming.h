@@ -26,9 +26,11 @@ struct StreamedTensor {
   size_t bytes() const { return static_cast<size_t>(rows) * (stride ? stride : row_bytes(fmt, cols)); }
 };
 
-// One read unit: a layer's streamed blocks, or one chunk of head rows.
+// One read unit: a layer's streamed tensors of one or more consecutive parts (a whole layer by
+// default), or one chunk of head rows.
 struct StreamUnit {
   int64_t layer = -1;       // >= 0: a layer unit
+  LayerPart first_part = LayerPart::attention, last_part = LayerPart::ffn_out;
   int64_t head_chunk = -1;  // >= 0: a head chunk
   int64_t head_row0 = 0;
   std::vector<std::pair<int64_t, size_t>> ranges;  // (file offset, bytes), 4 KiB aligned, read back to back
@@ -37,7 +39,7 @@ struct StreamUnit {
 };
 
 // Everything a budgeted engine streams, as the planner decided it: the file, how it is read, the
-// units (layers in order, then head chunks) and, when the table is not resident, where the
+// units (layers and their parts in order, then head chunks) and, when the table is not resident, where the
 // embedding's rows are (`embedding.offset` is then an offset in the file).
 struct StreamingPlan {
   std::string path;
@@ -70,7 +72,9 @@ class StreamingWeights : public LayerSource, public HeadSource {
   // LayerSource
   void begin_pass(bool needs_head) override;
   const LayerWeights& acquire(int64_t layer) override;
-  void release(int64_t layer) override;
+  void ready(int64_t layer, LayerPart part) override;
+  void done(int64_t layer, LayerPart part) override;  // frees the slot of a unit whose last part is done
+  void release(int64_t layer) override;               // done with every part left
   // HeadSource (only used when the head is streamed)
   int64_t n_chunks() override { return static_cast<int64_t>(head_units_.size()); }
   const WeightMatrix& acquire_chunk(int64_t chunk, int64_t* first_row) override;
@@ -84,9 +88,10 @@ class StreamingWeights : public LayerSource, public HeadSource {
   struct InFlight {
     int64_t unit;
     int slot;
-    uint64_t ticket;
+    std::vector<uint64_t> tickets;  // one per range
   };
 
+  int64_t unit_of(int64_t layer, LayerPart part) const { return part_unit_.at(layer * kLayerParts + static_cast<int>(part)); }
   int64_t next_unit(int64_t unit) const;  // execution order, across the pass boundary
   int64_t first_layer_unit() const;
   void issue_one();
@@ -98,7 +103,7 @@ class StreamingWeights : public LayerSource, public HeadSource {
   std::shared_ptr<DirectReader> reader_;
   ResidentLayers* resident_;
   std::vector<StreamUnit> units_;
-  std::vector<int64_t> layer_unit_;  // layer -> unit index or -1 (fully resident)
+  std::vector<int64_t> part_unit_;   // layer * kLayerParts + part -> unit index or -1 (resident)
   std::vector<int64_t> head_units_;  // head chunk -> unit index
   AlignedBuffer arena_;
   std::vector<uint8_t*> slots_;  // into arena_
@@ -109,7 +114,9 @@ class StreamingWeights : public LayerSource, public HeadSource {
   bool ahead_ = false;        // the issue cursor has wrapped into the next pass
   int64_t issued_ahead_ = 0;  // units issued for the next pass
   std::deque<InFlight> in_flight_;
-  LayerWeights current_;
+  LayerWeights current_;       // the acquired layer: resident tensors, and those of the parts filled in
+  int64_t filled_through_ = -1;  // the last unit of the acquired layer whose tensors are in current_
+  int parts_done_ = 0;           // the acquired layer's parts the engine is done with
   WeightMatrix head_chunk_{};
   StreamStats stats_;
 };

@@ -255,26 +255,41 @@ void Engine::build_attention_mask(int64_t layer, int64_t n, const uint8_t* tree_
     for (int64_t j = 0; j < n; ++j) mask_[i * c.capacity + slots_[j]] = tree_mask[i * n + j] ? 1 : 0;
 }
 
-void Engine::check_layer(int64_t layer, const LayerWeights& w) const {
+void Engine::check_part(int64_t layer, const LayerWeights& w, LayerPart part) const {
   const ModelShape& s = shape_;
-  const std::pair<const WeightMatrix*, const char*> matrices[] = {
-      {&w.q, "q"}, {&w.k, "k"}, {&w.v, "v"}, {&w.o, "o"}, {&w.gate, "gate"}, {&w.up, "up"}, {&w.down, "down"}};
   const bool ffn_elsewhere = (ffn_hook_ && ffn_hook_->active(layer)) || w.ffn_arena.data;
-  for (const auto& [m, name] : matrices) {
-    const bool ffn_matrix = m == &w.gate || m == &w.up || m == &w.down;
-    if (m == &w.down && w.down_columns.data) continue;
-    if (!m->data && !(ffn_matrix && ffn_elsewhere))
-      throw engine_error("layer " + std::to_string(layer) + " has no " + name + " weights");
+  std::pair<const WeightMatrix*, const char*> matrices[4];
+  int count = 0;
+  bool missing_norm = false;
+  switch (part) {
+    case LayerPart::attention:
+      for (const auto& m : {std::pair{&w.q, "q"}, {&w.k, "k"}, {&w.v, "v"}, {&w.o, "o"}}) matrices[count++] = m;
+      missing_norm = !w.attn_norm || (s.qk_norm && (!w.q_norm || !w.k_norm)) || (s.sandwich_norm && !w.post_attn_norm);
+      break;
+    case LayerPart::ffn_in:
+      if (!ffn_elsewhere)
+        for (const auto& m : {std::pair{&w.gate, "gate"}, {&w.up, "up"}}) matrices[count++] = m;
+      missing_norm = !w.ffn_norm;
+      break;
+    default:
+      if (!ffn_elsewhere && !w.down_columns.data) matrices[count++] = {&w.down, "down"};
+      missing_norm = s.sandwich_norm && !w.post_ffn_norm;
   }
-  const bool missing_norm = !w.attn_norm || !w.ffn_norm || (s.qk_norm && (!w.q_norm || !w.k_norm)) ||
-                            (s.sandwich_norm && (!w.post_attn_norm || !w.post_ffn_norm));
+  for (int i = 0; i < count; ++i)
+    if (!matrices[i].first->data)
+      throw engine_error("layer " + std::to_string(layer) + " has no " + matrices[i].second + " weights");
   if (missing_norm) throw engine_error("layer " + std::to_string(layer) + " is missing a norm weight");
+}
+
+void Engine::part_ready(int64_t layer, LayerPart part) {
+  OpTimer timer(prof(), Op::weights_wait);
+  source_->ready(layer, part);
 }
 
 void Engine::run_block(int64_t layer, const LayerWeights& w, int64_t n, const int32_t* positions,
                        const int32_t* slots, const uint8_t* attn_mask) {
   const ModelShape& s = shape_;
-  check_layer(layer, w);
+  check_part(layer, w, LayerPart::attention);
   const LayerShape& ls = layer_shapes_[layer];
   const int64_t d = s.d_model, qd = s.n_heads * s.head_dim, kd = s.n_kv_heads * s.head_dim;
   float* x = x_.data();
@@ -326,9 +341,20 @@ void Engine::run_block(int64_t layer, const LayerWeights& w, int64_t n, const in
   }
   complete(PartialSums::Point::attention, layer, h, n * d);
   if (s.sandwich_norm) rms_norm(h, w.post_attn_norm, h, n, d, s.norm_eps);
+  source_->done(layer, LayerPart::attention);
   add_into(x, h, n * d);
 
-  // Feed-forward: gate and up share one quantization of norm(x).
+  // Feed-forward: gate and up share one quantization of norm(x). The dense FFN moves on to its
+  // output part (down) once gate and up are done; an arena or the hook reads only the input part.
+  part_ready(layer, LayerPart::ffn_in);
+  check_part(layer, w, LayerPart::ffn_in);
+  bool output_ready = false;
+  const auto to_output_part = [&] {
+    source_->done(layer, LayerPart::ffn_in);
+    part_ready(layer, LayerPart::ffn_out);
+    check_part(layer, w, LayerPart::ffn_out);
+    output_ready = true;
+  };
   rms_norm(x, w.ffn_norm, h, n, d, s.norm_eps);
   if (ffn_hook_ && ffn_hook_->active(layer)) {
     OpTimer timer(prof(), Op::ffn_hook);
@@ -368,11 +394,14 @@ void Engine::run_block(int64_t layer, const LayerWeights& w, int64_t n, const in
       OpTimer timer(prof(), Op::ffn_act);
       gated_act(gate_.data(), up_.data(), gate_.data(), n * s.d_ff, s.act);
     }
+    to_output_part();
     OpTimer timer(prof(), Op::gemv_ffn_down);
     linear(w.down, gate_.data(), xq_, false, n, h);
   }
+  if (!output_ready) to_output_part();
   complete(PartialSums::Point::ffn, layer, h, n * d);
   if (s.sandwich_norm) rms_norm(h, w.post_ffn_norm, h, n, d, s.norm_eps);
+  source_->done(layer, LayerPart::ffn_out);
   add_into(x, h, n * d);
 }
 

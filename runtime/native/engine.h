@@ -157,7 +157,8 @@ class Engine {
 
   void run_block(int64_t layer, const LayerWeights& w, int64_t n, const int32_t* positions,
                  const int32_t* slots_of_layer, const uint8_t* attn_mask);
-  void check_layer(int64_t layer, const LayerWeights& w) const;
+  void check_part(int64_t layer, const LayerWeights& w, LayerPart part) const;
+  void part_ready(int64_t layer, LayerPart part);  // the source fills the part in (may wait for a read)
   void linear(const WeightMatrix& w, const float* x, QuantizedActs& xq, bool xq_ready, int64_t n, float* y);
   // Matrices reading the same input in one pass (q, k, v; gate, up): ys[i] = ws[i] x.
   void linear_multi(const WeightMatrix* ws, float* const* ys, int count, const float* x, QuantizedActs& xq,

@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from edgeflash.memory.layout import ALIGN, Location, build_layout, group_of_tensor
+from edgeflash.memory.layout import ALIGN, LAYER_PARTS, Location, build_layout, group_of_tensor, layer_units
 from edgeflash.memory.planner import STRATEGIES, BudgetError, make_plan
 
 MiB = 2**20
@@ -56,6 +56,48 @@ def test_interleaved_layers_become_one_group():
     layout = synthetic_layout(n_layers=2, interleave=True)
     assert "layer.0" in layout.groups and "layer.0.ffn" not in layout.groups
     assert [g.name for g in layout.layer_groups(1)] == ["layer.1"]
+
+
+def gguf_ordered_layout(n_layers: int = 4, attention: int = 2 * MiB, gate_up: int = 8 * MiB, down: int = 5 * MiB):
+    """Layers in the order llama.cpp writes a file: attn_norm, ffn_down, ffn_gate, ffn_up, ffn_norm,
+    then the attention matrices; each layer is then one group."""
+    locations: dict[str, Location] = {}
+    at = 0
+    for i in range(n_layers):
+        for name, nbytes in [("attn_norm.weight", 6144), ("ffn_down.weight", down), ("ffn_gate.weight", gate_up // 2),
+                             ("ffn_up.weight", gate_up // 2), ("ffn_norm.weight", 6144),
+                             ("attn_q.weight", attention // 2), ("attn_output.weight", attention // 2)]:
+            locations[f"blk.{i}.{name}"] = Location(at, nbytes)
+            at += nbytes  # packed like GGUF: tensors share pages at their ends
+    locations["token_embd.weight"] = Location(at, 1000 * 288)
+    return build_layout(Path("weights.gguf"), locations, n_layers=n_layers, head_rows=1000)
+
+
+def test_a_streamed_layer_is_read_in_the_parts_the_block_reads_in_turn():
+    layout = gguf_ordered_layout()
+    groups = layout.layer_groups(1)
+    assert [g.name for g in groups] == ["layer.1"]
+    units = layer_units(layout, groups)
+    assert [tuple(LAYER_PARTS[p] for p in u.parts) for u in units] == \
+        [("attention", "attention"), ("ffn_in", "ffn_in"), ("ffn_out", "ffn_out")]
+    assert len(units[0].ranges) == 2  # attn_norm and the attention matrices lie apart in the file
+    assert sorted(n for u in units for n in u.tensors) == sorted(groups[0].tensors)
+    for u in units:
+        assert all(start % ALIGN == 0 and n % ALIGN == 0 for start, n in u.ranges)
+        for name in u.tensors:
+            at = u.slot_offset(name, layout.locations)
+            assert at + layout.locations[name].nbytes <= u.nbytes
+    # The staging slots hold the largest part, not the layer.
+    p = plan(layout, 40 * MiB)
+    assert not any(n.startswith("layer.") for n in p.resident)
+    assert p.unit_bytes == units[1].nbytes == max(u.nbytes for u in units) < groups[0].nbytes
+
+
+def test_small_parts_share_a_unit_up_to_the_largest_part():
+    layout = gguf_ordered_layout(attention=1 * MiB, gate_up=2 * MiB, down=5 * MiB)
+    units = layer_units(layout, layout.layer_groups(0))
+    assert [u.parts for u in units] == [(0, 1), (2, 2)]
+    assert len(units[0].ranges) == 2 and max(u.nbytes for u in units) == units[1].nbytes
 
 
 @pytest.mark.parametrize("strategy", STRATEGIES)
