@@ -48,10 +48,14 @@ class LoadedModel:
 def load_model(path: str | Path, *, memory_budget: str | int | None = None, threads: int = 2, engine: str = "auto",
                context_length: int | None = None, strategy: str = "flash", activations: str = "q8x2",
                kv_cache: str = "f16", sparsity: float | str | None = None, window: int = 4,
-               head_shortlist: int | None = None, speculative: str = "none", ffn_fallback: bool = True,
+               head_shortlist: int | None = None, speculative: str | None = "none", ffn_fallback: bool = True,
                neuron_chunk: int = 0, requantize: str | None = None) -> LoadedModel:
     """The arguments of `edgeflash.load` (see there), for a resolved path."""
     _check_options(engine, threads, context_length, activations, kv_cache)
+    if speculative is None:  # as in generate(): no speculation
+        speculative = "none"
+    if not isinstance(speculative, str):
+        raise UserError(f"speculative = {speculative!r}: expected a drafter name such as 'none', 'lookup' or 'auto'")
     if requantize is not None and (memory_budget is not None or engine == "reference"):
         raise UserError(f"requantize = {requantize!r} converts weights in memory at load, which a "
                         + ("memory budget cannot hold (flash is read as it is): export a bundle with "

@@ -19,7 +19,7 @@ TOOL_CHOICES = ("auto", "none", "required")
 def load(model: str | Path = "default", *, memory_budget: str | int | None = None, threads: int = 2,
          engine: str = "auto", context_length: int | None = None, strategy: str = "flash",
          activations: str = "q8x2", kv_cache: str = "f16", sparsity: float | None = None, window: int = 4,
-         head_shortlist: int | None = None, speculative: str = "none", ffn_fallback: bool = True,
+         head_shortlist: int | None = None, speculative: str | None = "none", ffn_fallback: bool = True,
          neuron_chunk: int = 0, requantize: str | None = None) -> Model:
     """Open a GGUF file, a Hugging Face directory, a bundle or a model alias ("default").
 
@@ -41,7 +41,7 @@ def load(model: str | Path = "default", *, memory_budget: str | int | None = Non
     is not used and the plan says so, unless `ffn_fallback=False`; sparsity="auto" measures exact
     flash and each calibrated level once per budget (remembered) and picks the fastest that agrees
     with exact flash's top-1 on at least 90% of tokens.
-    speculative: "none", "lookup" (n-grams of the context), "self" (the model's first layers and a
+    speculative: "none" (or None), "lookup" (n-grams of the context), "self" (the model's first layers and a
     reduced head; needs a bundle), "draft:PATH" (a smaller model with the same tokenizer), "auto"
     (lookup, and a smaller model with the same tokenizer if one of the model aliases on this machine
     is one) or "auto:PATH" (lookup and that draft model). Lossless: greedy output is unchanged and

@@ -25,6 +25,13 @@ def test_the_api_is_greedy_unless_asked(smol):
     assert a.text == b.text == smol.chat(QUESTION, 16, temperature=0.0).text
 
 
+def test_speculative_none_at_load_means_no_speculation():
+    m = ef.load("smollm2-135m", memory_budget="60MB", speculative=None)
+    assert m.speculative == "none"
+    with pytest.raises(UserError, match="expected a drafter name"):
+        ef.load("smollm2-135m", speculative=1)
+
+
 def test_sampling_defaults_with_a_seed_repeat(smol):
     runs = [smol.chat(QUESTION, 16, **ef.SAMPLING_DEFAULTS, seed=s).text for s in (3, 3, 4, 5, 6)]
     assert runs[0] == runs[1]
