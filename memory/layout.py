@@ -156,10 +156,10 @@ class LayerUnit:
 def layer_units(layout: WeightLayout, groups: list[WeightGroup]) -> list[LayerUnit]:
     """A layer's streamed groups as read units, in the order the block reads them.
 
-    Tensors go by the part of the block that reads them (attention, the FFN's input side, its
-    output side); consecutive parts share a unit while it stays within the layer's largest part,
+    Tensors go by the part of the block that reads them (attention, the FFN's norm and gate, its
+    up matrix, its down side); consecutive parts share a unit while it stays within the layer's largest part,
     so the staging slots hold the largest part instead of the whole layer (Qwen2.5-Coder-1.5B's
-    Q4_K_M layer: 15.4 of 28.6 MiB), and every read still lands whole before compute needs it.
+    Q4_K_M layer: 10.8 of 28.6 MiB), and every read still lands whole before compute needs it.
     A part's tensors are read as their page-aligned spans, merged where they touch."""
     names = [n for g in groups for n in g.tensors if n not in g.pinned]
     if not names:

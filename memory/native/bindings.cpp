@@ -40,8 +40,8 @@ void bind_memory(nb::module_& m) {
     }
     return out;
   });
-  static_assert(kLayerParts == 3, "LAYER_PARTS names every LayerPart in order");
-  m.attr("LAYER_PARTS") = nb::make_tuple("attention", "ffn_in", "ffn_out");
+  static_assert(kLayerParts == 4, "LAYER_PARTS names every LayerPart in order");
+  m.attr("LAYER_PARTS") = nb::make_tuple("attention", "ffn_in", "ffn_up", "ffn_out");
   m.attr("MATRIX_SLOTS") = kMatrixSlots;
   m.attr("IO_ALIGNMENT") = kIoAlignment;
 

@@ -9,7 +9,7 @@ const SlotInfo kSlots[kSlotCount] = {
     {"v", "attn_v.weight", LayerPart::attention},
     {"o", "attn_output.weight", LayerPart::attention},
     {"gate", "ffn_gate.weight", LayerPart::ffn_in},
-    {"up", "ffn_up.weight", LayerPart::ffn_in},
+    {"up", "ffn_up.weight", LayerPart::ffn_up},
     {"down", "ffn_down.weight", LayerPart::ffn_out},
     {"pred_a", "predictor_a.weight", LayerPart::ffn_in},
     {"pred_b", "predictor_b.weight", LayerPart::ffn_in},

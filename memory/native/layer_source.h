@@ -23,10 +23,10 @@ constexpr int kSlotCount = static_cast<int>(Slot::count);
 constexpr int kMatrixSlots = static_cast<int>(Slot::attn_norm);
 
 // The parts of a block, in the order the engine reads them: attention (with its norms and
-// biases), the FFN's input side (its norm, gate and up, or the arena, or the predictors), and its
-// output side (down and the norm after it). A streaming source may read a layer part by part, so
-// that a staging slot holds the largest part instead of a whole layer.
-enum class LayerPart : int { attention, ffn_in, ffn_out, count };
+// biases), the FFN's input side (its norm and gate, or the arena, or the predictors), its up
+// matrix, and its output side (down and the norm after it). A streaming source may read a layer
+// part by part, so that a staging slot holds the largest part instead of a whole layer.
+enum class LayerPart : int { attention, ffn_in, ffn_up, ffn_out, count };
 constexpr int kLayerParts = static_cast<int>(LayerPart::count);
 
 struct SlotInfo {

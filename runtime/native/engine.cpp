@@ -267,9 +267,11 @@ void Engine::check_part(int64_t layer, const LayerWeights& w, LayerPart part) co
       missing_norm = !w.attn_norm || (s.qk_norm && (!w.q_norm || !w.k_norm)) || (s.sandwich_norm && !w.post_attn_norm);
       break;
     case LayerPart::ffn_in:
-      if (!ffn_elsewhere)
-        for (const auto& m : {std::pair{&w.gate, "gate"}, {&w.up, "up"}}) matrices[count++] = m;
+      if (!ffn_elsewhere) matrices[count++] = {&w.gate, "gate"};
       missing_norm = !w.ffn_norm;
+      break;
+    case LayerPart::ffn_up:
+      if (!ffn_elsewhere) matrices[count++] = {&w.up, "up"};
       break;
     default:
       if (!ffn_elsewhere && !w.down_columns.data) matrices[count++] = {&w.down, "down"};
@@ -344,15 +346,19 @@ void Engine::run_block(int64_t layer, const LayerWeights& w, int64_t n, const in
   source_->done(layer, LayerPart::attention);
   add_into(x, h, n * d);
 
-  // Feed-forward: gate and up share one quantization of norm(x). The dense FFN moves on to its
-  // output part (down) once gate and up are done; an arena or the hook reads only the input part.
+  // Feed-forward: gate and up share one quantization of norm(x). The dense FFN moves on to up when
+  // it is read as a part of its own, and to its output part (down) once gate and up are done; an
+  // arena or the hook reads only the input part.
   part_ready(layer, LayerPart::ffn_in);
   check_part(layer, w, LayerPart::ffn_in);
+  const auto to_part = [&](LayerPart done, LayerPart next) {
+    source_->done(layer, done);
+    part_ready(layer, next);
+    check_part(layer, w, next);
+  };
   bool output_ready = false;
   const auto to_output_part = [&] {
-    source_->done(layer, LayerPart::ffn_in);
-    part_ready(layer, LayerPart::ffn_out);
-    check_part(layer, w, LayerPart::ffn_out);
+    to_part(LayerPart::ffn_up, LayerPart::ffn_out);  // done with the input side and up
     output_ready = true;
   };
   rms_norm(x, w.ffn_norm, h, n, d, s.norm_eps);
@@ -384,11 +390,19 @@ void Engine::run_block(int64_t layer, const LayerWeights& w, int64_t n, const in
     OpTimer timer(prof(), Op::gemv_ffn_down);
     matmul_columns(down, gate_.data(), n, h, column_acts(down.fmt));
   } else {
-    {
+    if (w.up.data) {  // gate and up at hand: one pass over both
       OpTimer timer(prof(), Op::gemv_ffn_in);
       const WeightMatrix gate_up[2] = {w.gate, w.up};
       float* const out[2] = {gate_.data(), up_.data()};
       linear_multi(gate_up, out, 2, h, xq_, false, n);
+    } else {  // up is read after gate, as a part of its own: the same numbers, row by row
+      {
+        OpTimer timer(prof(), Op::gemv_ffn_in);
+        linear(w.gate, h, xq_, false, n, gate_.data());
+      }
+      to_part(LayerPart::ffn_in, LayerPart::ffn_up);
+      OpTimer timer(prof(), Op::gemv_ffn_in);
+      linear(w.up, h, xq_, quantized(w.gate), n, up_.data());  // gate's quantization of h, when it made one
     }
     {
       OpTimer timer(prof(), Op::ffn_act);
