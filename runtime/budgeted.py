@@ -331,6 +331,7 @@ def _unit(ranges: list[tuple[int, int]], tensors: list[_native.StreamedTensor], 
           parts: tuple[int, int] = (0, len(LAYER_PARTS) - 1), head_chunk: int = -1,
           head_row0: int = 0) -> _native.StreamUnit:
     u = _native.StreamUnit()
-    u.layer, u.parts, u.head_chunk, u.head_row0, u.ranges, u.tensors = layer, parts, head_chunk, head_row0, ranges, tensors
+    u.layer, u.parts, u.head_chunk, u.head_row0 = layer, parts, head_chunk, head_row0
+    u.ranges, u.tensors = ranges, tensors
     return u
 

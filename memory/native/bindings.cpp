@@ -64,7 +64,8 @@ void bind_memory(nb::module_& m) {
       .def(nb::init<>())
       .def_rw("layer", &StreamUnit::layer)
       .def_prop_rw(  // the layer parts the unit holds: (first, last) indices into LAYER_PARTS
-          "parts", [](const StreamUnit& u) { return std::pair{static_cast<int>(u.first_part), static_cast<int>(u.last_part)}; },
+          "parts",
+          [](const StreamUnit& u) { return std::pair{static_cast<int>(u.first_part), static_cast<int>(u.last_part)}; },
           [](StreamUnit& u, std::pair<int, int> parts) {
             if (parts.first < 0 || parts.second >= kLayerParts || parts.first > parts.second)
               throw KernelError("a unit's parts are (first, last) indices into LAYER_PARTS, first <= last");

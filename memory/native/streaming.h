@@ -39,8 +39,8 @@ struct StreamUnit {
 };
 
 // Everything a budgeted engine streams, as the planner decided it: the file, how it is read, the
-// units (layers and their parts in order, then head chunks) and, when the table is not resident, where the
-// embedding's rows are (`embedding.offset` is then an offset in the file).
+// units (layers and their parts in order, then head chunks) and, when the table is not resident,
+// where the embedding's rows are (`embedding.offset` is then an offset in the file).
 struct StreamingPlan {
   std::string path;
   bool direct = true;
@@ -91,7 +91,9 @@ class StreamingWeights : public LayerSource, public HeadSource {
     std::vector<uint64_t> tickets;  // one per range
   };
 
-  int64_t unit_of(int64_t layer, LayerPart part) const { return part_unit_.at(layer * kLayerParts + static_cast<int>(part)); }
+  int64_t unit_of(int64_t layer, LayerPart part) const {
+    return part_unit_.at(layer * kLayerParts + static_cast<int>(part));
+  }
   int64_t next_unit(int64_t unit) const;  // execution order, across the pass boundary
   int64_t first_layer_unit() const;
   void issue_one();

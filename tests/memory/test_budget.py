@@ -15,6 +15,7 @@ import pytest
 from edgeflash.base.errors import ModelFormatError, UserError
 from edgeflash.base.sizes import parse_size
 from edgeflash.kernels._native import read_pieces
+from edgeflash.memory import layout as layout_module
 from edgeflash.memory.planner import BudgetError, split_reads
 from edgeflash.runtime.native_config import kv_cache_bytes
 
@@ -184,6 +185,20 @@ def test_exact_mode_greedy_equals_unbudgeted(alias, fraction, strategy, model_pa
     assert r.tokens == reference_tokens[alias]
     assert r.stats["flash_bytes_per_token"] > 0  # weights really streamed
     assert r.stats["planned_bytes"] <= budget
+
+
+@pytest.mark.parametrize("alias,budget", [("smollm2-135m", "64MB"), ("gemma3-270m", "80MB")])
+@pytest.mark.parametrize("strategy", ["flash", "naive"])
+def test_layers_streamed_in_parts_give_the_unbudgeted_output(alias, budget, strategy, reference_tokens, monkeypatch):
+    """Layers read part by part (attention, gate, up, down: here even these models' small layers,
+    which are otherwise read whole), with prefetch and without: the same tokens."""
+    monkeypatch.setattr(layout_module, "MIN_SPLIT_LAYER", 0)
+    m = ef.load(alias, memory_budget=budget, context_length=512, strategy=strategy)
+    units = [u for u in m.engine.weights._stream_units() if u.layer >= 0]
+    assert len(units) > len({u.layer for u in units})  # more than one unit a layer
+    assert m.engine.weights.plan.unit_bytes < max(g.nbytes for g in m.engine.weights.layout.groups.values()
+                                                   if g.layer is not None)
+    assert m.generate(PROMPT, max_tokens=24).tokens == reference_tokens[alias]
 
 
 RSS_SCRIPT = textwrap.dedent("""

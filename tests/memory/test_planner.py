@@ -94,10 +94,14 @@ def test_a_streamed_layer_is_read_in_the_parts_the_block_reads_in_turn():
 
 
 def test_small_parts_share_a_unit_up_to_the_largest_part():
-    layout = gguf_ordered_layout(attention=1 * MiB, gate_up=2 * MiB, down=5 * MiB)
+    layout = gguf_ordered_layout(attention=1 * MiB, gate_up=2 * MiB, down=6 * MiB)
     units = layer_units(layout, layout.layer_groups(0))
     assert [u.parts for u in units] == [(0, 2), (3, 3)]
     assert len(units[0].ranges) == 2 and max(u.nbytes for u in units) == units[1].nbytes
+    # A small layer is read whole: its parts would be reads too small to pay for their hand-offs.
+    small = gguf_ordered_layout(attention=1 * MiB, gate_up=2 * MiB, down=2 * MiB)
+    units = layer_units(small, small.layer_groups(0))
+    assert [u.parts for u in units] == [(0, len(LAYER_PARTS) - 1)] and len(units[0].ranges) == 1
 
 
 @pytest.mark.parametrize("strategy", STRATEGIES)
