@@ -190,8 +190,8 @@ def layer_units(layout: WeightLayout, groups: list[WeightGroup]) -> list[LayerUn
 
 
 def _spans(names: list[str], locations: dict[str, Location]) -> list[tuple[int, int]]:
-    return _merge_ranges([(align_down(locations[n].offset), align_up(locations[n].offset + locations[n].nbytes)
-                           - align_down(locations[n].offset)) for n in names])
+    """Each tensor's aligned (offset, bytes), merged where they touch."""
+    return _merge_ranges([(start, end - start) for start, end in (_span([n], locations) for n in names)])
 
 
 def _merge_ranges(ranges: list[tuple[int, int]]) -> list[tuple[int, int]]:
