@@ -42,14 +42,29 @@ def smollm_path() -> Path:
 
 def _export_bundle(tmp_path_factory, alias: str, name: str) -> Path:
     """A bundle of a real model, exported once per session with a small calibration (the export
-    tests cover full-size calibration and the quality report)."""
+    tests cover full-size calibration and the quality report). Test workers (pytest-xdist) share
+    it: the first to need it exports it (15-25 s) under a lock, the others read it. Tests only
+    read bundles; one that changes a bundle copies it first."""
+    import fcntl
+    import shutil
     import subprocess
     import sys
 
-    out = tmp_path_factory.mktemp("bundles") / name
-    subprocess.run([sys.executable, "-m", "edgeflash.cli.main", "export", alias, "-o", str(out), "--quant", "q4_0",
-                    "--calibration-tokens", "512", "--eval-tokens", "0", "--no-baseline", "--quiet"],
-                   check=True, capture_output=True, timeout=900)
+    base = tmp_path_factory.getbasetemp()
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        base = base.parent  # the run's temporary directory, which holds each worker's own
+    shared = base / "shared-bundles"
+    shared.mkdir(exist_ok=True)
+    out = shared / name
+    with open(shared / f"{name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not out.exists():
+            part = shared / f"{name}.part"
+            shutil.rmtree(part, ignore_errors=True)  # left by a worker that failed
+            subprocess.run([sys.executable, "-m", "edgeflash.cli.main", "export", alias, "-o", str(part), "--quant",
+                            "q4_0", "--calibration-tokens", "512", "--eval-tokens", "0", "--no-baseline", "--quiet"],
+                           check=True, capture_output=True, timeout=900)
+            part.rename(out)
     return out
 
 
@@ -68,3 +83,4 @@ def _speculative_state(tmp_path_factory, monkeypatch):
     """Each test learns speculation afresh: what runs learned is kept between them on disk
     (runtime/speculative/learned.py), which would make one test's choices depend on another's."""
     monkeypatch.setenv("EDGEFLASH_SPECULATIVE_STATE", str(tmp_path_factory.mktemp("speculative-state")))
+
