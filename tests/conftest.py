@@ -84,3 +84,48 @@ def _speculative_state(tmp_path_factory, monkeypatch):
     (runtime/speculative/learned.py), which would make one test's choices depend on another's."""
     monkeypatch.setenv("EDGEFLASH_SPECULATIVE_STATE", str(tmp_path_factory.mktemp("speculative-state")))
 
+
+# Test files that take a minute or more on the 2-core CI machine, with their seconds there. With
+# `-n 2 --dist loadfile` pytest-xdist hands out whole files, by default those with the most tests
+# first, which leaves these (few tests each: exports, the C++ suites) for the end: one of them then
+# keeps a worker busy for minutes after the other has run out of files. They go first instead, the
+# longest first, and the many short files even out the end of the run.
+HEAVY_FILES = {
+    "tests/targets/test_target_executorch.py": 520,
+    "tests/kernels/test_cpp_suite.py": 280,
+    "tests/runtime/test_speculative.py": 210,
+    "tests/targets/test_target_onnx.py": 200,
+    "tests/runtime/test_real_model_parity.py": 200,
+    "tests/memory/test_sparse_fallback.py": 175,
+    "tests/runtime/test_native_engine.py": 105,
+    "tests/export/test_export_kill.py": 95,
+    "tests/fuzz/test_gguf_fuzz.py": 80,
+    "tests/memory/test_budget.py": 75,
+    "tests/targets/test_target_coreml.py": 70,
+    "tests/kernels/test_kernel_linear.py": 65,
+    "tests/export/test_export_gemma.py": 45,
+    "tests/export/test_export_smollm.py": 45,
+    "tests/export/test_export_cli.py": 40,
+}
+
+
+@pytest.hookimpl(optionalhook=True)  # a hook of pytest-xdist: unknown to pytest without it
+def pytest_xdist_make_scheduler(config, log):
+    """--dist loadfile with HEAVY_FILES handed out first (the other files in xdist's own order)."""
+    if config.getvalue("dist") != "loadfile":
+        return None
+    from collections import OrderedDict
+
+    from xdist.scheduler import LoadFileScheduling
+
+    class HeavyFilesFirst(LoadFileScheduling):
+        def _assign_work_unit(self, node):
+            # The queue is complete when the first unit is assigned; sorting keeps xdist's order
+            # among the files not listed.
+            if not getattr(self, "_heavy_first", False):
+                self._heavy_first = True
+                self.workqueue = OrderedDict(sorted(self.workqueue.items(),
+                                                    key=lambda item: -HEAVY_FILES.get(item[0], 0)))
+            super()._assign_work_unit(node)
+
+    return HeavyFilesFirst(config, log)
