@@ -61,13 +61,18 @@ def _average(old: float | None, new: float, weight: float = SMOOTHING) -> float:
 
 
 class CostModel:
-    """Seconds per plain step, per verification pass of each width, and per draft forward."""
+    """Seconds per plain step, per verification pass of each width, and per draft forward.
+
+    A draft model's costs are kept in plain steps (its seconds over the plain step of the moment):
+    they are measured only while it drafts, and a draft model that measured dear in a busy moment of
+    a shared machine, in seconds, stayed dearer than the plain steps measured after it, drafted no
+    more and so was never measured again (no pass in the 10 answers after a slow first one)."""
 
     def __init__(self) -> None:
         self.plain: float | None = None
         self.verify: dict[int, float] = {}
-        self.draft: dict[str, float] = {}
-        self.catch_up: dict[str, float] = {}  # drafter -> seconds per token of a multi-token catch-up
+        self.draft_share: dict[str, float] = {}  # drafter -> a draft forward, in plain steps
+        self.catch_up_share: dict[str, float] = {}  # drafter -> a token of a multi-token catch-up, in plain steps
 
     def record_plain(self, seconds: float) -> None:
         self.plain = _average(self.plain, seconds)
@@ -76,10 +81,20 @@ class CostModel:
         self.verify[width] = _average(self.verify.get(width), seconds)
 
     def record_draft(self, drafter: str, seconds: float) -> None:
-        self.draft[drafter] = _average(self.draft.get(drafter), seconds)
+        self.draft_share[drafter] = _average(self.draft_share.get(drafter), seconds / (self.plain or 1.0))
 
     def record_catch_up(self, drafter: str, seconds_per_token: float) -> None:
-        self.catch_up[drafter] = _average(self.catch_up.get(drafter), seconds_per_token)
+        self.catch_up_share[drafter] = _average(self.catch_up_share.get(drafter),
+                                                seconds_per_token / (self.plain or 1.0))
+
+    def draft(self, drafter: str) -> float:
+        """Seconds per draft forward of `drafter` (0 before any is measured)."""
+        return self.draft_share.get(drafter, 0.0) * (self.plain or 1.0)
+
+    def catch_up(self, drafter: str) -> float | None:
+        """Seconds per token of `drafter`'s catch-up on a context (None before one is measured)."""
+        share = self.catch_up_share.get(drafter)
+        return None if share is None else share * (self.plain or 1.0)
 
     def pass_cost(self, width: int) -> float:
         """Seconds for a pass of `width` nodes: measured, interpolated between measured widths, or
@@ -107,22 +122,45 @@ class Acceptance:
     COUNT_CAP = 200.0  # a model bin's counts are halved beyond this, so it keeps adapting
     LOOKUP_PRIOR = 0.5
     LOOKUP_SLOTS = 6
+    # A chain's first token where an earlier occurrence of the same n-gram went on otherwise (the
+    # text contradicts itself there): an alternative, less likely than the most recent occurrence's
+    # token. At LOOKUP_PRIOR, three such siblings looked worth 2.5 tokens to a pass that took none,
+    # on every pass (a 13-token answer at 0.86x plain decoding, no budget).
+    LOOKUP_ALTERNATIVE = 1.0  # the score (slot) of such a first token; n-gram lengths start at 2
+    LOOKUP_ALTERNATIVE_PRIOR = 0.2
     LOOKUP_WEIGHT = 0.3  # lookup rates follow the text: the newest outcome weighs this much
+    LOOKUP_COUNT_CAP = 50.0  # first-token counts over answers are halved beyond this (they keep adapting)
     DRIFT = 0.01  # per step without a test, estimates drift back toward their prior (so they get tested)
 
     def __init__(self) -> None:
         self.model: dict[str, np.ndarray] = {}  # drafter -> [BINS, 2] (accepted, tested) with a prior
-        # lookup: a chain's first token by the length of the n-gram it followed (0-4), then any later
-        # token (5): text that repeats itself makes the later ones likely as soon as the first is,
-        # so one good pass raises the reach of every depth
-        self.lookup = np.full(self.LOOKUP_SLOTS, self.LOOKUP_PRIOR)
+        # lookup rates: a chain's first token by the length of the n-gram it followed (2-4) or as
+        # an alternative (1), then any later token (5): text that repeats itself makes the later
+        # ones likely as soon as the first is, so one good pass raises the reach of every depth.
+        # lookup_first: where each answer's first-token rates start, their (accepted, tested) counts
+        # over earlier answers from the prior lightly. Later tokens always start from the prior: one
+        # answer that copied its prompt would otherwise make the next verify long chains that fail.
+        priors = self._lookup_priors()[:-1]
+        self.lookup_first = np.stack([2 * priors, np.full(priors.size, 2.0)], axis=1)
+        self.lookup = self._lookup_start()
         self.model_recent: dict[str, float] = {}  # drafter -> recent acceptance of its nodes
 
     def new_text(self) -> None:
-        """A new answer: lookup rates start from their prior, since they follow the text (a short
-        answer after one that copied its prompt verified wide lookup trees that all failed, 0.73x
-        plain decoding); a draft model's calibration is a property of the model and stays."""
-        self.lookup[:] = self.LOOKUP_PRIOR
+        """A new answer: lookup rates start afresh, since they follow the text (a short answer after
+        one that copied its prompt verified wide lookup trees that all failed, 0.73x plain decoding):
+        a first token from how often first tokens were accepted in earlier answers, a later token
+        from the prior. A draft model's calibration is a property of the model and stays."""
+        self.lookup[:] = self._lookup_start()
+
+    def _lookup_start(self) -> np.ndarray:
+        start = self._lookup_priors()
+        start[:-1] = self.lookup_first[:, 0] / self.lookup_first[:, 1]
+        return start
+
+    def _lookup_priors(self) -> np.ndarray:
+        priors = np.full(self.LOOKUP_SLOTS, self.LOOKUP_PRIOR)
+        priors[int(self.LOOKUP_ALTERNATIVE)] = self.LOOKUP_ALTERNATIVE_PRIOR
+        return priors
 
     def _table(self, origin: str) -> np.ndarray:
         if origin not in self.model:
@@ -148,6 +186,10 @@ class Acceptance:
         if origin == "lookup":
             d = self._lookup_slot(score, depth)
             self.lookup[d] = _average(self.lookup[d], float(accepted), self.LOOKUP_WEIGHT)
+            if d < self.LOOKUP_SLOTS - 1:
+                self.lookup_first[d] += (float(accepted), 1.0)
+                if self.lookup_first[d, 1] > self.LOOKUP_COUNT_CAP:
+                    self.lookup_first[d] *= 0.5
             return
         table = self._table(origin)
         b = min(self.BINS - 1, int(score * self.BINS))
@@ -159,7 +201,7 @@ class Acceptance:
 
     def drift(self, lookup_tested: bool, drafters_tested: set[str]) -> None:
         if not lookup_tested:
-            self.lookup += self.DRIFT * (self.LOOKUP_PRIOR - self.lookup)
+            self.lookup += self.DRIFT * (self._lookup_start() - self.lookup)
         for origin, value in self.model_recent.items():
             if origin not in drafters_tested:
                 self.model_recent[origin] = value + self.DRIFT * (0.5 - value)
@@ -240,11 +282,12 @@ class Controller:
                 self.steps - self.last_draft.get(origin, self.steps) >= PROBE_EVERY:
             return self._drafts(origin)
         plain = self.costs.plain or 1.0
-        draft = self.costs.draft.get(origin, 0.0)
+        draft = self.costs.draft(origin)
         if first and behind > 2:
-            if origin not in self.costs.catch_up:  # what a catch-up costs is measured once, not guessed
+            catch_up = self.costs.catch_up(origin)
+            if catch_up is None:  # what a catch-up costs is measured once, not guessed
                 return self.steps >= FIRST_CATCH_UP and self._drafts(origin)
-            draft += behind * self.costs.catch_up[origin] / min(CATCH_UP_HORIZON, max(1, self.steps))
+            draft += behind * catch_up / min(CATCH_UP_HORIZON, max(1, self.steps))
         worth = reach * self.acceptance.recent(origin) * plain
         extra = self.costs.pass_cost(width + 1) - self.costs.pass_cost(width)
         if worth > draft + extra:
@@ -264,9 +307,19 @@ class Controller:
         if node == 0:
             return 1.0
         if node not in memo:
-            q = self.acceptance.estimate(tree.origins[node], tree.scores[node], tree.depth[node])
-            memo[node] = self.reach(tree, tree.parents[node], memo) * q
+            memo[node] = self.reach(tree, tree.parents[node], memo) * self._accepted_under_parent(tree, node)
         return memo[node]
+
+    def _accepted_under_parent(self, tree, node: int) -> float:
+        """P(the target accepts `node` | its parent was accepted). Siblings are different tokens, so
+        at most one of them is accepted: estimates that add up to more than 1 (each drafter judged
+        its own) are scaled down to sum to 1."""
+        def estimate(i: int) -> float:
+            return self.acceptance.estimate(tree.origins[i], tree.scores[i], tree.depth[i])
+
+        q = estimate(node)
+        total = sum(estimate(i) for i in tree.children(tree.parents[node]))
+        return q / total if total > 1.0 else q
 
     def worth_verifying(self, tree, memo: dict[int, float] | None = None) -> int:
         """How many nodes (the root included) of `tree` the best subtree would have."""

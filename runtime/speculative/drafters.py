@@ -61,7 +61,10 @@ class LookupDrafter:
                 continuation = history[start:start + max_depth]
                 if continuation:
                     before = tree.size
-                    tree.add_chain(0, continuation, max_nodes, "lookup", [float(n)] * len(continuation))
+                    scores = [float(n)] * len(continuation)
+                    if used:  # an older occurrence that went on otherwise: its first token is an alternative
+                        scores[0] = Acceptance.LOOKUP_ALTERNATIVE
+                    tree.add_chain(0, continuation, max_nodes, "lookup", scores)
                     used += tree.size > before
                 if used >= self.branches or tree.size >= max_nodes:
                     return
@@ -168,9 +171,10 @@ class ModelDrafter:
                 logits = e.forward([tree.tokens[node]])[-1]
                 controller.costs.record_draft(self.name, now() - t0)
             token, p, runner_up, p2 = self.head.best_two(logits)
+            trust = controller.acceptance.estimate  # where lookup proposed the same token
             if p2 > 0:  # the runner-up, as a leaf: verified only where passes are cheap
-                tree.add(node, runner_up, self.name + RUNNER_UP, p2)
-            node = tree.add(node, token, self.name, p)
+                tree.add(node, runner_up, self.name + RUNNER_UP, p2, trust)
+            node = tree.add(node, token, self.name, p, trust)
             memo.clear()
             reach = controller.reach(tree, node, memo)
             if depth == steps or tree.size >= controller.max_nodes or \

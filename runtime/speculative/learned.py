@@ -7,8 +7,9 @@ across processes, so a command-line run, which is one generation, starts where t
 same model and settings ended instead of from priors (until it has measured them, a first answer
 guesses pass costs and lets a draft model join only 8 steps in).
 
-What is kept: costs and a draft model's calibration. Not kept: lookup rates, which follow the text
-and restart with every answer, and the guards, whose pauses belong to the run that lost.
+What is kept: costs, a draft model's calibration and how often a lookup chain's first token was
+accepted (where each answer's lookup rates start). Not kept: the lookup rates of the last answer,
+which follow its text, and the guards, whose pauses belong to the run that lost.
 
 One JSON file per target file (its size and modification time), drafters, memory plan, engine
 settings and verification kind (greedy or sampled), in `$EDGEFLASH_CACHE/speculative` (or
@@ -92,20 +93,34 @@ def restore(path: Path | None, costs: CostModel, acceptance: Acceptance) -> bool
         tables = {}
         for origin, rows in data["acceptance"].items():
             table = np.asarray(rows, dtype=np.float64)
-            if table.shape != (Acceptance.BINS, 2) or not np.all(np.isfinite(table)) or \
-                    np.any(table < 0) or np.any(table[:, 0] > table[:, 1]) or np.any(table[:, 1] <= 0):
+            if table.shape != (Acceptance.BINS, 2) or not _counts(table):
                 return False
             tables[str(origin)] = table
         recent = {str(k): float(v) for k, v in data["recent"].items() if 0.0 <= float(v) <= 1.0}
+        lookup_first = acceptance.lookup_first
+        if "lookup_first" in data:  # absent from files written before it was kept
+            lookup_first = np.asarray(data["lookup_first"], dtype=np.float64)
+            if lookup_first.shape != acceptance.lookup_first.shape or not _counts(lookup_first):
+                return False
     except (OSError, ValueError, KeyError, TypeError, AttributeError):
         return False
     if any(w < 2 for w in verify):
         return False
     if plain is not None:
         verify = {w: min(s, plain * (1 + PRIOR_SLOPE * (w - 1))) for w, s in verify.items()}
-    costs.plain, costs.verify, costs.draft, costs.catch_up = plain, verify, draft, catch_up
-    acceptance.model, acceptance.model_recent = tables, recent
+    per_plain = 1.0 / (plain or 1.0)  # draft costs are kept in plain steps (CostModel)
+    costs.plain, costs.verify = plain, verify
+    costs.draft_share = {k: s * per_plain for k, s in draft.items()}
+    costs.catch_up_share = {k: s * per_plain for k, s in catch_up.items()}
+    acceptance.model, acceptance.model_recent, acceptance.lookup_first = tables, recent, lookup_first
+    acceptance.new_text()
     return True
+
+
+def _counts(table: np.ndarray) -> bool:
+    """Whether rows of (accepted, tested) counts are finite, with 0 <= accepted <= tested, tested > 0."""
+    return bool(np.all(np.isfinite(table)) and np.all(table >= 0) and np.all(table[:, 0] <= table[:, 1])
+                and np.all(table[:, 1] > 0))
 
 
 def store(path: Path | None, costs: CostModel, acceptance: Acceptance) -> None:
@@ -115,9 +130,11 @@ def store(path: Path | None, costs: CostModel, acceptance: Acceptance) -> None:
     data = {
         "version": VERSION,
         "costs": {"plain": costs.plain, "verify": {str(w): s for w, s in costs.verify.items()},
-                  "draft": costs.draft, "catch_up": costs.catch_up},
+                  "draft": {k: costs.draft(k) for k in costs.draft_share},
+                  "catch_up": {k: costs.catch_up(k) for k in costs.catch_up_share}},
         "acceptance": {origin: table.tolist() for origin, table in acceptance.model.items()},
         "recent": acceptance.model_recent,
+        "lookup_first": acceptance.lookup_first.tolist(),
     }
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     try:

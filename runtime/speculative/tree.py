@@ -7,6 +7,7 @@ n-gram length), from which the controller estimates how likely the target accept
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -24,12 +25,22 @@ class DraftTree:
     def root(cls, token: int) -> DraftTree:
         return cls([int(token)], [-1], [""], [1.0], [0])
 
-    def add(self, parent: int, token: int, origin: str = "", score: float = 0.0) -> int:
-        """Add `token` under `parent` (or return the existing child with that token, keeping the
-        higher score: two drafters agreeing is no reason to trust the token less)."""
+    def add(self, parent: int, token: int, origin: str = "", score: float = 0.0,
+            trust: Callable[[str, float, int], float] | None = None) -> int:
+        """Add `token` under `parent`, or return the existing child with that token, labelled with
+        whichever proposal is trusted more: two drafters agreeing is no reason to trust the token
+        less. One drafter's scores compare as they are; another's (a lookup's n-gram length against
+        a draft model's probability) only through `trust(origin, score, depth)`, the acceptance the
+        controller expects of each; without it the first proposal keeps the node."""
         existing = self.child(parent, token)
         if existing is not None:
-            if score > self.scores[existing]:
+            old_origin, old_score = self.origins[existing], self.scores[existing]
+            if old_origin == origin:
+                better = score > old_score
+            else:
+                depth = self.depth[existing]
+                better = trust is not None and trust(origin, score, depth) > trust(old_origin, old_score, depth)
+            if better:
                 self.origins[existing], self.scores[existing] = origin, score
             return existing
         self.tokens.append(int(token))

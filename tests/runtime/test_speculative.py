@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 from edgeflash.export.corpus import heldout_windows
 from edgeflash.runtime.sampler import Sampler, SamplingParams
+from edgeflash.runtime.speculative.controller import Acceptance
 from edgeflash.runtime.speculative.decoder import SpeculativeDecoder
 from edgeflash.runtime.speculative.drafters import LookupDrafter
 from edgeflash.runtime.speculative.tree import DraftTree
@@ -72,6 +73,17 @@ def test_lookup_proposes_the_copied_passage(bundle_fixture, plain_greedy, reques
         tree = drafter.propose(context[:i], max_nodes=2, max_depth=1)
         right += len(tree.tokens) > 1 and tree.tokens[1] == context[i]
     assert right >= 10, right  # of 48 tokens: the passage is there to be copied
+
+
+def test_an_older_occurrence_that_went_on_otherwise_is_an_alternative():
+    """The most recent occurrence of the n-gram gives the first branch; an older one followed by a
+    different token is an alternative (scored apart, less likely); deeper tokens keep the n-gram."""
+    history = [5, 6, 7, 1, 5, 6, 8, 2, 5, 6]
+    tree = LookupDrafter().propose(history, max_nodes=16, max_depth=2)
+    firsts = {tree.tokens[i]: tree.scores[i] for i in tree.children(0)}
+    assert firsts == {8: 2.0, 7: Acceptance.LOOKUP_ALTERNATIVE}
+    second = tree.children(tree.child(0, 7))
+    assert [tree.tokens[i] for i in second] == [1] and tree.scores[second[0]] == 2.0
 
 
 def test_draft_model_with_the_same_tokenizer(smol_bundle, smollm_path, gemma_bundle):
@@ -299,8 +311,9 @@ def _free_passes(drafters, greedy: bool = False) -> None:
     step (so a slow moment of a shared machine cannot pause speculation)."""
     costs, acceptance, guards = drafters.state(greedy=greedy)
     guards.clear()  # what real passes taught the guards before
-    costs.plain, costs.verify, costs.draft = 1.0, {w: 1.0 for w in range(2, 65)}, {"draft": 0.0, "self": 0.0}
-    costs.catch_up = {"draft": 0.0, "self": 0.0}
+    costs.plain, costs.verify = 1.0, {w: 1.0 for w in range(2, 65)}
+    costs.draft_share = {"draft": 0.0, "self": 0.0}
+    costs.catch_up_share = {"draft": 0.0, "self": 0.0}
     acceptance.lookup[:] = 0.9
     acceptance.model_recent["draft"] = acceptance.model_recent["self"] = 0.9
 

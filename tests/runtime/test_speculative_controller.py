@@ -150,6 +150,21 @@ def test_draft_model_drafts_deep_only_while_its_tokens_are_worth_a_forward():
     assert 0 < sum(decisions) <= 4  # only the probes that keep its cost current
 
 
+def test_a_draft_model_measured_in_a_busy_moment_drafts_again_when_the_machine_is_quiet():
+    """A draft model's cost is measured only while it drafts. Kept in plain steps, what it measured
+    while the machine ran three times slower follows the plain steps measured after it."""
+    c = Controller(16, costs(lambda w: PLAIN * (1 + 0.1 * (w - 1))), Acceptance())
+    for _ in range(20):
+        c.costs.record_plain(3 * PLAIN)  # a busy moment: everything takes three times as long
+    c.costs.record_draft("draft", 3 * 0.3 * PLAIN)
+    c.costs.record_catch_up("draft", 3 * 0.02 * PLAIN)
+    for _ in range(20):
+        c.costs.record_plain(PLAIN)  # quiet again: only plain steps are measured
+    assert c.costs.draft("draft") == pytest.approx(0.3 * PLAIN, rel=0.01)
+    assert c.costs.catch_up("draft") == pytest.approx(0.02 * PLAIN, rel=0.01)
+    assert c.draft_more("draft", 1.0, 1)  # worth 0.5 plain steps, costs 0.4
+
+
 def test_guard_pauses_speculation_that_loses_to_plain_decoding():
     c = Controller(16, costs(lambda w: PLAIN), Acceptance())
     c.plain_now()
@@ -246,18 +261,61 @@ def test_a_catch_up_waits_until_the_answer_has_shown_it_is_long():
     assert seen[:3] == [False] * 3 and seen[-1]  # 2 / 16 = 0.13: worth its 0.7 plain steps of tokens
 
 
-def test_lookup_rates_start_from_their_prior_in_each_answer():
-    """Lookup rates follow the text, so a new answer starts them afresh; what was learned of a draft
-    model's probabilities is kept."""
+def test_lookup_rates_start_each_answer_from_what_earlier_answers_showed():
+    """Lookup rates follow the text, so a new answer starts them afresh: a chain's first token from
+    how often first tokens were accepted over earlier answers, a later token from the prior (one
+    answer that copied its prompt must not make the next verify long chains). What was learned of a
+    draft model's probabilities is kept."""
     a = Acceptance()
     for _ in range(5):
         a.record("lookup", 3, 1, True)
+        a.record("lookup", 3, 2, True)
         a.record("draft", 0.55, 1, False)
-    assert a.estimate("lookup", 3, 1) > 0.9
+    assert a.estimate("lookup", 3, 1) > 0.9 and a.estimate("lookup", 3, 2) > 0.9
     model = a.estimate("draft", 0.55, 1)
     a.new_text()
-    assert a.estimate("lookup", 3, 1) == Acceptance.LOOKUP_PRIOR
+    assert a.estimate("lookup", 3, 1) == pytest.approx((2 * Acceptance.LOOKUP_PRIOR + 5) / 7)
+    assert a.estimate("lookup", 3, 2) == Acceptance.LOOKUP_PRIOR
     assert a.estimate("draft", 0.55, 1) == model < 0.5
+    for _ in range(3):  # answers whose 2-gram chains never start right
+        for _ in range(4):
+            a.record("lookup", 2, 1, False)
+        a.new_text()
+    assert a.estimate("lookup", 2, 1) < 0.1 < a.estimate("lookup", 3, 1)
+
+
+def test_lookup_siblings_together_are_worth_one_token_at_most():
+    """Branches from several earlier occurrences of an n-gram are different tokens: at most one is
+    accepted. An older occurrence's token is an alternative (less likely than the most recent one's),
+    and a node's siblings never add up to more than one token: at a resident model's pass price the
+    most recent branch alone is verified."""
+    a = Acceptance()
+    tree = DraftTree.root(0)
+    tree.add(0, 1, "lookup", 2.0)
+    for token in (2, 3):
+        tree.add(0, token, "lookup", Acceptance.LOOKUP_ALTERNATIVE)
+    c = Controller(16, costs(lambda w: PLAIN * (1 + PRIOR_SLOPE * (w - 1))), a)
+    assert a.estimate("lookup", Acceptance.LOOKUP_ALTERNATIVE, 1) < a.estimate("lookup", 2.0, 1)
+    assert c.select(tree).nodes == [0, 1]
+    for _ in range(10):
+        a.record("lookup", 2, 1, True)
+        a.record("lookup", Acceptance.LOOKUP_ALTERNATIVE, 1, True)
+    memo: dict[int, float] = {}
+    assert sum(c.reach(tree, i, memo) for i in (1, 2, 3)) == pytest.approx(1.0)
+
+
+def test_a_token_two_drafters_propose_keeps_the_more_trusted_label():
+    """A lookup's n-gram length and a draft model's probability are not on one scale: where both
+    propose a token, the node takes the label whose expected acceptance is higher."""
+    a = Acceptance()
+    tree = DraftTree.root(0)
+    looked_up = tree.add(0, 7, "lookup", 2.0)
+    assert tree.add(0, 7, "draft", 0.2, a.estimate) == looked_up  # 0.2 < lookup's 0.5
+    assert (tree.origins[looked_up], tree.scores[looked_up]) == ("lookup", 2.0)
+    tree.add(0, 7, "draft", 0.95, a.estimate)  # 0.95 > 0.5
+    assert (tree.origins[looked_up], tree.scores[looked_up]) == ("draft", 0.95)
+    tree.add(0, 7, "lookup", 4.0)  # without the controller's estimates the label stays
+    assert tree.origins[looked_up] == "draft"
 
 
 def test_lookup_at_its_prior_is_verified_unmeasured():

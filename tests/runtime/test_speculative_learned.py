@@ -29,6 +29,8 @@ def learned_state(costs: CostModel, acceptance: Acceptance) -> None:
     costs.record_catch_up("draft", 0.001)
     for _ in range(30):
         acceptance.record("draft", 0.95, 1, False)
+    for _ in range(8):
+        acceptance.record("lookup", 2, 1, False)
 
 
 def test_costs_and_calibration_round_trip(cache):
@@ -38,13 +40,16 @@ def test_costs_and_calibration_round_trip(cache):
     learned.store(path, costs, acceptance)
     again, calibrated = CostModel(), Acceptance()
     assert learned.restore(path, again, calibrated)
-    assert (again.plain, again.verify[4], again.draft, again.catch_up) == \
-        (costs.plain, costs.verify[4], costs.draft, costs.catch_up)
+    assert (again.plain, again.verify[4]) == (costs.plain, costs.verify[4])
+    assert (again.draft("draft"), again.catch_up("draft")) == \
+        (pytest.approx(costs.draft("draft")), pytest.approx(costs.catch_up("draft")))
     assert again.verify[2] == pytest.approx(0.02 * (1 + PRIOR_SLOPE))
     assert again.verify[2] < costs.verify[2]
     assert calibrated.estimate("draft", 0.95, 1) == acceptance.estimate("draft", 0.95, 1) < 0.2
     assert calibrated.recent("draft") == acceptance.recent("draft") < 0.5
-    assert calibrated.estimate("lookup", 3, 1) == Acceptance.LOOKUP_PRIOR  # lookup restarts with each text
+    # lookup restarts with each text: first tokens from the counts over earlier answers
+    assert calibrated.estimate("lookup", 2, 1) == pytest.approx(2 * Acceptance.LOOKUP_PRIOR / 10)
+    assert calibrated.estimate("lookup", 3, 1) == calibrated.estimate("lookup", 2, 2) == Acceptance.LOOKUP_PRIOR
 
 
 @pytest.mark.parametrize("damage", [
@@ -55,6 +60,7 @@ def test_costs_and_calibration_round_trip(cache):
     lambda d: json.dumps({**d, "acceptance": {"draft": [[1.0, 2.0]]}}),
     lambda d: json.dumps({**d, "acceptance": {"draft": [[3.0, 2.0]] * Acceptance.BINS}}),
     lambda d: json.dumps({k: v for k, v in d.items() if k != "costs"}),
+    lambda d: json.dumps({**d, "lookup_first": [[3.0, 2.0]] * (Acceptance.LOOKUP_SLOTS - 1)}),
 ])
 def test_a_file_that_does_not_read_back_is_ignored(cache, damage):
     path = cache / "speculative" / "state.json"
