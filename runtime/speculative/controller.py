@@ -130,7 +130,9 @@ class Acceptance:
     LOOKUP_ALTERNATIVE_PRIOR = 0.2
     LOOKUP_WEIGHT = 0.3  # lookup rates follow the text: the newest outcome weighs this much
     LOOKUP_COUNT_CAP = 50.0  # first-token counts over answers are halved beyond this (they keep adapting)
-    DRIFT = 0.01  # per step without a test, estimates drift back toward their prior (so they get tested)
+    # per step without a test, lookup rates drift back toward where an answer starts them and a draft
+    # model's recent rate toward its long-run one (so they get tested)
+    DRIFT = 0.01
 
     def __init__(self) -> None:
         self.model: dict[str, np.ndarray] = {}  # drafter -> [BINS, 2] (accepted, tested) with a prior
@@ -149,8 +151,11 @@ class Acceptance:
         """A new answer: lookup rates start afresh, since they follow the text (a short answer after
         one that copied its prompt verified wide lookup trees that all failed, 0.73x plain decoding):
         a first token from how often first tokens were accepted in earlier answers, a later token
-        from the prior. A draft model's calibration is a property of the model and stays."""
+        from the prior. A draft model's calibration is a property of the model and stays; its recent
+        rate starts from its long-run one, so that one hard answer does not keep it from the next."""
         self.lookup[:] = self._lookup_start()
+        for origin in self.model_recent:
+            self.model_recent[origin] = self.long_run(origin)
 
     def _lookup_start(self) -> np.ndarray:
         start = self._lookup_priors()
@@ -179,8 +184,14 @@ class Acceptance:
         return self.LOOKUP_SLOTS - 1 if depth > 1 else min(self.LOOKUP_SLOTS - 2, max(0, int(score)))
 
     def recent(self, origin: str) -> float:
-        """How often this drafter's nodes were accepted lately (before any: 0.5)."""
-        return self.model_recent.get(origin, 0.5)
+        """How often this drafter's nodes were accepted lately (before any: its long-run rate)."""
+        return self.model_recent.get(origin, self.long_run(origin))
+
+    def long_run(self, origin: str) -> float:
+        """How often this drafter's nodes were accepted over all its calibration counts (0.5 before
+        any: the prior's)."""
+        table = self._table(origin)
+        return float(table[:, 0].sum() / table[:, 1].sum())
 
     def record(self, origin: str, score: float, depth: int, accepted: bool) -> None:
         if origin == "lookup":
@@ -204,7 +215,7 @@ class Acceptance:
             self.lookup += self.DRIFT * (self._lookup_start() - self.lookup)
         for origin, value in self.model_recent.items():
             if origin not in drafters_tested:
-                self.model_recent[origin] = value + self.DRIFT * (0.5 - value)
+                self.model_recent[origin] = value + self.DRIFT * (self.long_run(origin) - value)
 
 
 @dataclass

@@ -58,18 +58,22 @@ class SpeculativeDecoder:
         accepted ones, so a draft deeper than wanted - 1 would be verified for nothing."""
         c = self.controller
         t0 = now()
-        drafted, model = False, None
+        drafted, model, once = False, None, 0.0
         if not c.plain_now() and (wanted is None or wanted > 1):
             limit = min(c.max_nodes, room) if room is not None else c.max_nodes
             depth = limit - 1 if wanted is None else min(limit - 1, wanted - 1)
             tree = DraftTree.root(history[-1])
             model = self.drafters.extend(tree, history, c, max_depth=depth)
+            # A draft model's catch-up on a new context is paid once, and the controller charged it
+            # to the steps it serves (draft_more). The guards judge a few steps: they leave it out,
+            # or they would bench the draft model at the start of every answer.
+            once = self.drafters.catch_up_seconds()
             drafted = tree.size > 1
             selection = c.select(tree, limit=limit) if drafted else None
             if selection is not None:
-                out = self._pass(tree.keep(selection.nodes), history, t0)
+                out = self._pass(tree.keep(selection.nodes), history, t0, once)
                 if model is not None:
-                    c.record_model_step(model, len(out), now() - t0)
+                    c.record_model_step(model, len(out), now() - t0 - once)
                 return out
         t1 = now()
         logits = self.engine.forward([history[-1]])[-1]
@@ -79,16 +83,16 @@ class SpeculativeDecoder:
         self.stats.draft_s += t1 - t0
         c.record_plain(t2 - t1)
         if drafted:  # drafting that found nothing worth verifying still took its time
-            c.guard.record(1, t2 - t0, c.costs.plain)
+            c.guard.record(1, t2 - t0 - once, c.costs.plain)
         if model is not None:
-            c.record_model_step(model, 1, t2 - t0)
+            c.record_model_step(model, 1, t2 - t0 - once)
         return [token]
 
     def finish(self) -> None:
         """The generation ended: what it taught is kept for the next run."""
         self.drafters.save(self.greedy)
 
-    def _pass(self, tree: DraftTree, history: list[int], t0: float) -> list[int]:
+    def _pass(self, tree: DraftTree, history: list[int], t0: float, once: float = 0.0) -> list[int]:
         t1 = now()
         out, path = self._verify(tree, history)
         self.engine.commit_tree(path)
@@ -107,7 +111,7 @@ class SpeculativeDecoder:
             row[0] += 1
             row[1] += len(nodes)
             row[2] += sum(i in on_path for i in nodes)
-        self.controller.record_pass(tree, path, t2 - t1, t2 - t0)
+        self.controller.record_pass(tree, path, t2 - t1, t2 - t0 - once)
         return out
 
     def _verify(self, tree: DraftTree, history: list[int]) -> tuple[list[int], list[int]]:

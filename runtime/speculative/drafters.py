@@ -101,6 +101,7 @@ class ModelDrafter:
     def __init__(self, engine: Any, head: Any, name: str):
         self.engine, self.head, self.name = engine, head, name
         self._join = 0  # history index from which the draft engine has every token (after the sink)
+        self.catch_up_s = 0.0  # seconds this step's drafting spent taking in a new context
 
     def _view(self, history: list[int]) -> list[int]:
         """The tokens the draft engine holds for this history."""
@@ -150,13 +151,15 @@ class ModelDrafter:
         if len(tail) <= 2:  # a drafting step; a longer catch-up is not what a draft token costs
             controller.costs.record_draft(self.name, now() - t0)
         else:
-            controller.costs.record_catch_up(self.name, (now() - t0) / len(tail))
+            self.catch_up_s = now() - t0
+            controller.costs.record_catch_up(self.name, self.catch_up_s / len(tail))
         return logits
 
     def extend(self, tree: DraftTree, history: list[int], controller: Controller, max_depth: int) -> bool:
         """Draft under the root while the controller finds the next token worth its forward.
         Whether the draft model ran at all."""
         e = self.engine
+        self.catch_up_s = 0.0
         steps = min(max_depth, e.context_length - len(history) - 1)
         memo: dict[int, float] = {}
         if steps <= 0 or not controller.draft_more(self.name, 1.0, controller.worth_verifying(tree, memo), first=True,
@@ -213,6 +216,10 @@ class Drafters:
         if self.target is None:
             return None
         return learned.learned_path(self.target, self.name, self.model.engine if self.model else None, greedy)
+
+    def catch_up_seconds(self) -> float:
+        """Seconds the last extend() spent bringing a draft model up to a new context."""
+        return self.model.catch_up_s if self.model is not None else 0.0
 
     def extend(self, tree: DraftTree, history: list[int], controller: Controller, max_depth: int) -> str | None:
         """Add every drafter's proposals to `tree`; the name of the draft model if one ran."""

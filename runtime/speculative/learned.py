@@ -8,8 +8,9 @@ same model and settings ended instead of from priors (until it has measured them
 guesses pass costs and lets a draft model join only 8 steps in).
 
 What is kept: costs, a draft model's calibration and how often a lookup chain's first token was
-accepted (where each answer's lookup rates start). Not kept: the lookup rates of the last answer,
-which follow its text, and the guards, whose pauses belong to the run that lost.
+accepted (where each answer's lookup rates start). Not kept: the lookup rates and a draft model's
+recent rate of the last answer, which follow its text (a new answer starts them from what the
+counts say), and the guards, whose pauses belong to the run that lost.
 
 One JSON file per target file (its size and modification time), drafters, memory plan, engine
 settings and verification kind (greedy or sampled), in `$EDGEFLASH_CACHE/speculative` (or
@@ -96,7 +97,6 @@ def restore(path: Path | None, costs: CostModel, acceptance: Acceptance) -> bool
             if table.shape != (Acceptance.BINS, 2) or not _counts(table):
                 return False
             tables[str(origin)] = table
-        recent = {str(k): float(v) for k, v in data["recent"].items() if 0.0 <= float(v) <= 1.0}
         lookup_first = acceptance.lookup_first
         if "lookup_first" in data:  # absent from files written before it was kept
             lookup_first = np.asarray(data["lookup_first"], dtype=np.float64)
@@ -112,7 +112,8 @@ def restore(path: Path | None, costs: CostModel, acceptance: Acceptance) -> bool
     costs.plain, costs.verify = plain, verify
     costs.draft_share = {k: s * per_plain for k, s in draft.items()}
     costs.catch_up_share = {k: s * per_plain for k, s in catch_up.items()}
-    acceptance.model, acceptance.model_recent, acceptance.lookup_first = tables, recent, lookup_first
+    # a draft model's recent rate starts from its long-run one (files that kept it: not read)
+    acceptance.model, acceptance.model_recent, acceptance.lookup_first = tables, {}, lookup_first
     acceptance.new_text()
     return True
 
@@ -133,7 +134,6 @@ def store(path: Path | None, costs: CostModel, acceptance: Acceptance) -> None:
                   "draft": {k: costs.draft(k) for k in costs.draft_share},
                   "catch_up": {k: costs.catch_up(k) for k in costs.catch_up_share}},
         "acceptance": {origin: table.tolist() for origin, table in acceptance.model.items()},
-        "recent": acceptance.model_recent,
         "lookup_first": acceptance.lookup_first.tolist(),
     }
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")

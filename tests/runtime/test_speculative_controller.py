@@ -324,3 +324,73 @@ def test_lookup_at_its_prior_is_verified_unmeasured():
     c = CostModel()
     c.record_plain(PLAIN)
     assert Controller(16, c, Acceptance()).select(lookup_chain([1])) is not None
+
+
+def test_a_draft_models_recent_rate_starts_each_answer_from_its_long_run_rate():
+    """A hard answer lowers a draft model's recent rate. The next answer starts it from the model's
+    long-run rate: left low, it would keep the model from joining any later answer, and nothing
+    would test it again (it drifts back toward the long-run rate too, not toward a fixed prior)."""
+    c = Controller(16, costs(lambda w: PLAIN * (1 + 0.1 * (w - 1))), Acceptance())
+    c.costs.record_draft("draft", 0.2 * PLAIN)
+    c.costs.record_catch_up("draft", 0.01 * PLAIN)
+    a = c.acceptance
+    for accepted in [True] * 160 + [False] * 40:  # answers the model drafted well, then a hard one
+        a.record("draft", 0.85, 1, accepted)
+    assert a.recent("draft") < 0.05 and a.long_run("draft") > 0.7
+    c.steps += 2 * CATCH_UP_HORIZON
+    assert not c.draft_more("draft", 1.0, 1, first=True, behind=60)
+    for _ in range(20):
+        a.drift(False, set())
+    assert 0.05 < a.recent("draft") < a.long_run("draft")
+    a.new_text()
+    assert a.recent("draft") == a.long_run("draft")
+    assert c.draft_more("draft", 1.0, 1, first=True, behind=60)
+
+
+def test_a_catch_up_is_left_out_of_what_the_guards_judge(monkeypatch):
+    """A pass may carry the draft model's catch-up on a new context, which the controller charged to
+    the steps it serves. The guards judge a few steps, so they leave it out: passes that yield 3
+    tokens in a plain step's time each bench nothing, though each also took a catch-up of 10 plain
+    steps (counted in, they would have looked 4x slower than plain decoding)."""
+    import numpy as np
+    from edgeflash.runtime.sampler import Sampler, SamplingParams
+    from edgeflash.runtime.speculative import decoder
+
+    clock = [0.0]
+    monkeypatch.setattr(decoder, "now", lambda: clock[0])
+
+    class Engine:  # the target: every pass costs one plain step and accepts the drafted chain
+        max_batch = 16
+
+        def forward(self, tokens):
+            clock[0] += 1.0
+            return np.zeros((len(tokens), 8), dtype=np.float32)
+
+        def forward_tree(self, tokens, depths, mask, argmax_only=False):
+            clock[0] += 1.0
+            return np.array(list(tokens[1:]) + [7])
+
+        def commit_tree(self, path):
+            pass
+
+    class Drafters:  # a draft model that catches up on a new context before every draft
+        def __init__(self):
+            self.learned = (costs(lambda w: 1.0), Acceptance(), {})
+            self.learned[0].plain = 1.0
+
+        def state(self, greedy):
+            return self.learned
+
+        def extend(self, tree, history, controller, max_depth):
+            clock[0] += 10.0
+            tree.add_chain(0, [5, 6], 16, "draft", [0.99, 0.99])
+            return "draft"
+
+        def catch_up_seconds(self):
+            return 10.0
+
+    spec = decoder.SpeculativeDecoder(Engine(), Drafters(), Sampler(SamplingParams()))
+    for _ in range(2 * GUARD_MIN):
+        assert spec.step([1, 2, 3]) == [5, 6, 7]
+    assert spec.stats.passes == 2 * GUARD_MIN
+    assert not any(g.pause for g in spec.controller.guards.values())

@@ -46,7 +46,7 @@ def test_costs_and_calibration_round_trip(cache):
     assert again.verify[2] == pytest.approx(0.02 * (1 + PRIOR_SLOPE))
     assert again.verify[2] < costs.verify[2]
     assert calibrated.estimate("draft", 0.95, 1) == acceptance.estimate("draft", 0.95, 1) < 0.2
-    assert calibrated.recent("draft") == acceptance.recent("draft") < 0.5
+    assert calibrated.recent("draft") == acceptance.long_run("draft") < 0.5
     # lookup restarts with each text: first tokens from the counts over earlier answers
     assert calibrated.estimate("lookup", 2, 1) == pytest.approx(2 * Acceptance.LOOKUP_PRIOR / 10)
     assert calibrated.estimate("lookup", 3, 1) == calibrated.estimate("lookup", 2, 2) == Acceptance.LOOKUP_PRIOR
