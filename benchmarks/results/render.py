@@ -333,6 +333,28 @@ def speculative() -> list[str]:
     return out + ["", "Commands (date measured):"] + commands
 
 
+def speculative_ceiling() -> list[str]:
+    """The latest run of ceiling.py: per budget and prompt set, the most its draft model can give."""
+    recs = read_results("speculative")
+    run = latest_run(recs, lambda rs: any(r["metric"] == "speedup_ceiling" for r in rs))
+    if run is None:
+        return ["No ceiling run is recorded."]
+    rs = pick(recs, run=run, metric="speedup_ceiling")
+    kinds = ("best single policy", "each answer's best", "with catch-up")
+    rows, notes = [], []
+    for budget in unique(r["budget"] for r in rs):
+        for prompts in unique(r["config"].split(", ")[0] for r in pick(rs, budget=budget)):
+            cells = []
+            for kind in kinds:
+                r = one(rs, budget=budget, config=f"{prompts}, {kind}")
+                cells.append(f"{r['value']:.2f}x (worst {r['low']:.2f}x)" if r else "-")
+            rows.append([budget, rs[0]["model"], prompts] + cells)
+            first = one(rs, budget=budget, config=f"{prompts}, {kinds[0]}")
+            notes.append(f"- {budget}, {prompts}: {first['notes']}")
+    out = md_table(["budget", "model", "prompts"] + list(kinds), rows)
+    return out + ["", f"Run: {run_line(recs, run)}"] + notes
+
+
 # ---- docs/export.md ---------------------------------------------------------------------------------
 
 def export_matrix() -> list[str]:
@@ -452,7 +474,7 @@ TABLES = {
     "benchmarks": {"peers": peers_side_by_side, "perplexity": peers_perplexity,
                    "decode-profile": decode_profile},
     "kernels": {"gemv": kernels_gemv, "ops": kernels_ops, "side-by-side": kernels_side_by_side},
-    "speculative": {"speedup": speculative},
+    "speculative": {"speedup": speculative, "ceiling": speculative_ceiling},
     "export": {"matrix": export_matrix, "time": export_time},
     "backends": {"targets": backends},
 }
