@@ -97,6 +97,10 @@ class ModelDrafter:
 
     SINK = 4  # the first tokens (chat template, BOS) models attend to from everywhere
     WINDOW = 192
+    # The per-token price of a catch-up is what a new prompt's costs: a few tokens taken in after a
+    # pause cost about a forward, 2-3x a new prompt's per token, and priced the next prompt so high
+    # that the draft model stopped joining answers.
+    PRICED_CATCH_UP = 32
 
     def __init__(self, engine: Any, head: Any, name: str):
         self.engine, self.head, self.name = engine, head, name
@@ -150,8 +154,9 @@ class ModelDrafter:
         logits = e.forward(tail)[-1]
         if len(tail) <= 2:  # a drafting step; a longer catch-up is not what a draft token costs
             controller.costs.record_draft(self.name, now() - t0)
-        else:
-            self.catch_up_s = now() - t0
+            return logits
+        self.catch_up_s = now() - t0
+        if len(tail) >= self.PRICED_CATCH_UP:
             controller.costs.record_catch_up(self.name, self.catch_up_s / len(tail))
         return logits
 

@@ -394,3 +394,48 @@ def test_a_catch_up_is_left_out_of_what_the_guards_judge(monkeypatch):
         assert spec.step([1, 2, 3]) == [5, 6, 7]
     assert spec.stats.passes == 2 * GUARD_MIN
     assert not any(g.pause for g in spec.controller.guards.values())
+
+
+def test_only_a_new_contexts_catch_up_prices_the_next_one(monkeypatch):
+    """A forward costs a fixed part plus a part per token. A few tokens taken in after a pause cost
+    several times a new prompt's per token; priced from them, the next prompt's catch-up looked so
+    dear that the draft model stopped joining answers. Only catch-ups of a new context's length
+    set the price; every catch-up is still left out of what the guards judge."""
+    import numpy as np
+    from edgeflash.runtime.speculative import drafters
+    from edgeflash.runtime.speculative.drafters import ModelDrafter
+
+    clock = [0.0]
+    monkeypatch.setattr(drafters, "now", lambda: clock[0])
+
+    class Engine:
+        context_length = 512
+        _engine = None
+
+        def __init__(self):
+            self.tokens: list[int] = []
+
+        def truncate(self, n):
+            del self.tokens[n:]
+
+        def forward(self, tokens):
+            clock[0] += 1.0 + 0.1 * len(tokens)
+            self.tokens += list(tokens)
+            return np.zeros((len(tokens), 4), dtype=np.float32)
+
+    class Head:
+        def has_room(self, tokens):
+            return True
+
+        def add(self, tokens):
+            return False
+
+    c = Controller(16, costs(lambda w: 1.0), Acceptance())
+    drafter = ModelDrafter(Engine(), Head(), "draft")
+    prompt = list(range(100, 160))
+    drafter._catch_up(prompt, c)
+    assert c.costs.catch_up("draft") == pytest.approx(7.0 / 60)
+    assert drafter.catch_up_s == pytest.approx(7.0)
+    drafter._catch_up(prompt + [1, 2, 3, 4, 5], c)  # after a pause: 1.5 s for 5 tokens
+    assert c.costs.catch_up("draft") == pytest.approx(7.0 / 60)
+    assert drafter.catch_up_s == pytest.approx(1.5)
