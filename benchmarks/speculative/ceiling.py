@@ -1,7 +1,7 @@
-"""The most a draft model can give on this machine: the target's own greedy answers replayed against
-the draft model's guesses (teacher-forced), under the measured cost of every part of a pass, with
-no controller, no warm-up and no Python between the parts. What the speculative decoder measures
-(compare.py) can only be lower.
+"""The most a draft model's chains can give on this machine: the target's own greedy answers replayed
+against the draft model's guesses (teacher-forced), under the measured cost of every part of a pass,
+with no controller, no warm-up and no Python between the parts. At the same costs, what the
+speculative decoder measures (compare.py) can only be lower.
 
     python benchmarks/speculative/ceiling.py                            # no budget and 25%
     python benchmarks/speculative/ceiling.py --budgets none --questions 8 --grounded 3 --record

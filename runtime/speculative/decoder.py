@@ -64,9 +64,9 @@ class SpeculativeDecoder:
             depth = limit - 1 if wanted is None else min(limit - 1, wanted - 1)
             tree = DraftTree.root(history[-1])
             model = self.drafters.extend(tree, history, c, max_depth=depth)
-            # A draft model's catch-up on a new context is paid once, and the controller charged it
-            # to the steps it serves (draft_more). The guards judge a few steps: they leave it out,
-            # or they would bench the draft model at the start of every answer.
+            # A draft model's catch-up on the context is paid once, and the controller charged it to
+            # the steps it serves (draft_more). The guards judge a few steps: they leave it out, or
+            # they would bench the draft model at the start of every answer.
             once = self.drafters.catch_up_seconds()
             drafted = tree.size > 1
             selection = c.select(tree, limit=limit) if drafted else None

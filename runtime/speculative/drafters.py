@@ -105,7 +105,7 @@ class ModelDrafter:
     def __init__(self, engine: Any, head: Any, name: str):
         self.engine, self.head, self.name = engine, head, name
         self._join = 0  # history index from which the draft engine has every token (after the sink)
-        self.catch_up_s = 0.0  # seconds this step's drafting spent taking in a new context
+        self.catch_up_s = 0.0  # seconds this step's drafting spent taking in context it had not seen
 
     def _view(self, history: list[int]) -> list[int]:
         """The tokens the draft engine holds for this history."""
@@ -223,7 +223,8 @@ class Drafters:
         return learned.learned_path(self.target, self.name, self.model.engine if self.model else None, greedy)
 
     def catch_up_seconds(self) -> float:
-        """Seconds the last extend() spent bringing a draft model up to a new context."""
+        """Seconds the last extend() spent bringing a draft model up to the context (a new prompt, or
+        what was decided while it sat out)."""
         return self.model.catch_up_s if self.model is not None else 0.0
 
     def extend(self, tree: DraftTree, history: list[int], controller: Controller, max_depth: int) -> str | None:
