@@ -34,17 +34,16 @@ import numpy as np
 import edgeflash as ef
 from edgeflash.runtime.speculative.draft_model import find_draft_model
 from edgeflash.runtime.speculative.drafters import ModelDrafter
-from edgeflash.runtime.speculative.tree import DraftTree
 
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "benchmarks" / "results"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from compare import grounded_prompts, label, mtbench_questions
 from record import append_results, new_run_id
+from verify_cost import CACHED, pass_seconds
 
 THRESHOLDS = (0.0, 0.2, 0.4, 0.6, 0.8)
 DEPTHS = (1, 2, 3, 4, 6, 8)
-CACHED = 64
 ROUNDS = 7
 MAX_WIDTH = 16  # the widest pass a budgeted engine runs
 
@@ -102,20 +101,6 @@ def replay(g: Guesses, policy: Policy, verify: dict[int, float], draft: float) -
         cost += forwards * draft + verify[width]
         i += accepted + runner_up + 1
     return cost
-
-
-def pass_seconds(engine, ids: list[int], width: int) -> float:
-    tokens = ids[CACHED:CACHED + width]
-    start = time.perf_counter()
-    if width == 1:
-        engine.forward(tokens)
-    else:
-        tree = DraftTree.root(tokens[0])
-        tree.add_chain(0, tokens[1:], width)
-        engine.forward_tree(tree.tokens, tree.depths(), tree.ancestor_mask(), argmax_only=True)
-    elapsed = time.perf_counter() - start
-    engine.truncate(CACHED)
-    return elapsed
 
 
 def measure_costs(plain_engine, target_engine, drafter: ModelDrafter, ids: list[int],
