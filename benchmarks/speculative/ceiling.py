@@ -69,7 +69,7 @@ class Guesses:
 
 
 def guesses(drafter: ModelDrafter, prompt: list[int], answer: list[int]) -> Guesses:
-    view = prompt[:drafter.SINK] + prompt[max(drafter.SINK, len(prompt) - drafter.WINDOW):]
+    view = drafter.join_afresh(prompt)
     drafter.engine.reset()
     logits = drafter.engine.forward(view + answer[:-1], all_logits=True)[len(view) - 1:]
     best = [drafter.head.best_two(row) for row in logits]

@@ -124,6 +124,11 @@ class ModelDrafter:
         # a new context (or a long stretch without drafting): join it afresh near its end
         return common < min(len(view), self.SINK + 1) or len(view) - common > self.WINDOW
 
+    def join_afresh(self, history: list[int]) -> list[int]:
+        """Join `history` WINDOW tokens before its end: the tokens the draft engine then takes in."""
+        self._join = max(self.SINK, len(history) - self.WINDOW)
+        return self._view(history)
+
     def behind(self, history: list[int]) -> int:
         """Context tokens the draft cache must take in before it drafts after history[-1]."""
         view = self._view(history)
@@ -138,8 +143,7 @@ class ModelDrafter:
         view = self._view(history)
         common = self._common(view)
         if self._rejoins(view, common):
-            self._join = max(self.SINK, len(history) - self.WINDOW)
-            view, common = self._view(history), 0
+            view, common = self.join_afresh(history), 0
         e.truncate(min(common, len(view) - 1))
         tail = view[len(e.tokens):]
         # The context's tokens join the shortlist before they are needed; when earlier contexts'
