@@ -642,24 +642,28 @@ EF_INLINE void store_tile(const __m512 acc[NT], float* y, int64_t t0, int64_t ld
 // (two gathers of 4): a small table that stays in L1, read right after the bytes it came from.
 constexpr int kGroupUnits = 8;
 
-// Tokens a panel is decoded for once and used at once: two tiles. The second tile's accumulators
-// do not all fit in registers, but spilling them costs less than decoding the panel into scratch and
-// reading it back per tile (panel_packed: on an 8960 x 1536 matrix 9 tokens cost 1.4x what 8 do that
-// way, 1.03-1.08x this way). With three or four tiles the spills cost more than the scratch.
-constexpr int kDirectTokens = 2 * kTileTokens;
+// Activation rows a panel is decoded for once and used at once: three tiles. The later tiles'
+// accumulators do not all fit in registers, but spilling them costs less than decoding the panel
+// into scratch and reading it back per tile (panel_packed: on an 8960 x 1536 matrix 9 rows cost 1.4x
+// what 8 do that way, 1.03-1.08x this way). With q8x2 activations (two rows a token) the third tile
+// is what a verification pass of 9-12 nodes needs: Qwen2.5-Coder-1.5B's pass of 9 nodes costs 2.7
+// plain steps this way and 3.2 through scratch, 12 nodes 3.5 and 3.8 (verify_cost.py's passes). With
+// four tiles the spills cost more than the scratch.
+constexpr int kDirectTokens = 3 * kTileTokens;
 
 constexpr int tile_size(int nt, int k) { return std::clamp(nt - k * kTileTokens, 0, kTileTokens); }
 
-// Up to kDirectTokens tokens: decode each step of units and use it at once for every tile,
+// Up to kDirectTokens rows: decode each step of units and use it at once for every tile,
 // scales a group at a time.
 template <class F, int NT, class Src>
 void panel_direct(const Src& P, int64_t nu, const Q8View& x, int64_t t0, float* y, int64_t ldy, __mmask16 valid,
                   const Prefetch& pf) {
   static_assert(kGroupUnits % F::kStepUnits == 0, "a group holds whole steps");
   static_assert(NT <= kDirectTokens, "at most kDirectTokens");
-  constexpr int N0 = tile_size(NT, 0), N1 = tile_size(NT, 1);
+  constexpr int N0 = tile_size(NT, 0), N1 = tile_size(NT, 1), N2 = tile_size(NT, 2);
   const Tokens<N0> tk0(x, t0, F::kSplit);
   const Tokens<std::max(N1, 1)> tk1(x, t0 + kTileTokens, F::kSplit);  // only pointers: unread when N1 = 0
+  const Tokens<std::max(N2, 1)> tk2(x, t0 + 2 * kTileTokens, F::kSplit);
   alignas(64) float tab[kGroupUnits * F::kSV * kPanelRows];
   __m512 acc[NT];
   for (int t = 0; t < NT; ++t) acc[t] = _mm512_setzero_ps();
@@ -675,6 +679,7 @@ void panel_direct(const Src& P, int64_t nu, const Q8View& x, int64_t t0, float* 
         const float* scales = tab + (u - g0) * F::kSV * kPanelRows;
         unit_tokens<F, N0>(w[j], scales, tk0, u, acc);
         if constexpr (N1 > 0) unit_tokens<F, N1>(w[j], scales, tk1, u, acc + kTileTokens);
+        if constexpr (N2 > 0) unit_tokens<F, N2>(w[j], scales, tk2, u, acc + 2 * kTileTokens);
       }
     }
   }
@@ -714,7 +719,7 @@ void panel_tiles(const __m512i* codes, int64_t nu, const float* tab, const Q8Vie
   }
 }
 
-// More than kDirectTokens tokens: decode the whole panel once (scales and codes) and run every tile of
+// More than kDirectTokens rows: decode the whole panel once (scales and codes) and run every tile of
 // tokens over it from L1/L2.
 template <class F, class Src>
 void panel_packed(const Src& P, int64_t nu, float* tab, __m512i* codes, const Q8View& x, int64_t t0, int64_t t1,
