@@ -7,8 +7,9 @@ across processes, so a command-line run, which is one generation, starts where t
 same model and settings ended instead of from priors (until it has measured them, a first answer
 guesses pass costs and lets a draft model join only 8 steps in).
 
-What is kept: costs, a draft model's calibration and how often a lookup chain's first token was
-accepted (where each answer's lookup rates start). Not kept: the lookup rates and a draft model's
+What is kept: costs, a draft model's calibration, how often a lookup chain's first token was
+accepted (where each answer's lookup rates start) and how sure of its tokens the target usually is
+(what a draft model joining an answer compares that answer's confidence with). Not kept: the lookup rates and a draft model's
 recent rate of the last answer, which follow its text (a new answer starts them from what the
 counts say), and the guards, whose pauses belong to the run that lost.
 
@@ -102,6 +103,9 @@ def restore(path: Path | None, costs: CostModel, acceptance: Acceptance) -> bool
             lookup_first = np.asarray(data["lookup_first"], dtype=np.float64)
             if lookup_first.shape != acceptance.lookup_first.shape or not _counts(lookup_first):
                 return False
+        usual = data.get("usual_confidence")  # absent from files written before it was kept
+        if usual is not None and (isinstance(usual, bool) or not isinstance(usual, (int, float)) or not 0 < usual <= 1):
+            return False
     except (OSError, ValueError, KeyError, TypeError, AttributeError):
         return False
     if any(w < 2 for w in verify):
@@ -114,6 +118,7 @@ def restore(path: Path | None, costs: CostModel, acceptance: Acceptance) -> bool
     costs.catch_up_share = {k: s * per_plain for k, s in catch_up.items()}
     # a draft model's recent rate starts from its long-run one (files that kept it: not read)
     acceptance.model, acceptance.model_recent, acceptance.lookup_first = tables, {}, lookup_first
+    acceptance.confidence, acceptance.usual_confidence = [0.0, 0], None if usual is None else float(usual)
     acceptance.new_text()
     return True
 
@@ -135,6 +140,7 @@ def store(path: Path | None, costs: CostModel, acceptance: Acceptance) -> None:
                   "catch_up": {k: costs.catch_up(k) for k in costs.catch_up_share}},
         "acceptance": {origin: table.tolist() for origin, table in acceptance.model.items()},
         "lookup_first": acceptance.lookup_first.tolist(),
+        "usual_confidence": acceptance.usual_after_this_answer(),
     }
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     try:

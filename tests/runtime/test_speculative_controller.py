@@ -347,6 +347,55 @@ def test_a_draft_models_recent_rate_starts_each_answer_from_its_long_run_rate():
     assert c.draft_more("draft", 1.0, 1, first=True, behind=60)
 
 
+def joining_controller(usual: float, this_answer: list[float]) -> Controller:
+    """A draft model with a long-run rate of about 0.7 whose catch-up on a 196-token prompt pays at that
+    rate, 32 steps into an answer; earlier answers' plain steps put the target's usual confidence at
+    `usual`, this answer's so far are `this_answer`."""
+    a = Acceptance()
+    for accepted in [True] * 150 + [False] * 50:
+        a.record("draft", 0.85, 1, accepted)
+    for p in [usual] * 8:
+        a.record_confidence(p)
+    a.new_text()
+    c = Controller(16, costs(lambda w: PLAIN * (1 + 0.1 * (w - 1))), a)
+    c.costs.record_draft("draft", 0.2 * PLAIN)
+    c.costs.record_catch_up("draft", 0.01 * PLAIN)
+    c.steps += 2 * CATCH_UP_HORIZON
+    for p in this_answer:
+        c.record_confidence(p)
+    return c
+
+
+def test_a_draft_model_joins_only_answers_the_target_is_about_as_sure_of_as_usual():
+    """How sure the target is of its tokens predicts how often a draft model agrees with it. A
+    draft model joins an answer the target is as sure of as usual (its rate there starts from its
+    recent one), not one it is half as sure of (a passage continued: the catch-up on the prompt
+    would cost more than drafting at half the rate gains), and judges by its recent rate alone
+    before the answer has shown enough plain steps."""
+    usual = joining_controller(0.8, [0.8] * 8)
+    assert usual.acceptance.joining("draft") == pytest.approx(usual.acceptance.long_run("draft"))
+    assert usual.draft_more("draft", 1.0, 1, first=True, behind=196)
+    assert usual.acceptance.recent("draft") == pytest.approx(usual.acceptance.long_run("draft"))
+
+    unsure = joining_controller(0.8, [0.4] * 8)
+    assert unsure.acceptance.joining("draft") == pytest.approx(unsure.acceptance.long_run("draft") / 2)
+    assert not unsure.draft_more("draft", 1.0, 1, first=True, behind=196)
+
+    too_few = joining_controller(0.8, [0.4] * (Acceptance.CONFIDENCE_STEPS - 1))
+    assert too_few.draft_more("draft", 1.0, 1, first=True, behind=196)
+
+
+def test_the_targets_confidence_is_counted_only_before_a_draft_model_drafts():
+    """Once a draft model drafts, the plain steps left are the ones no tree paid for, the target's
+    least sure: counting them would make every answer look harder than the usual one."""
+    c = joining_controller(0.8, [0.9] * 4)
+    assert c.draft_more("draft", 1.0, 1, first=True, behind=196)
+    c.record_confidence(0.1)
+    assert c.acceptance.confidence == [pytest.approx(3.6), 4]
+    c.acceptance.new_text()
+    assert c.acceptance.usual_confidence == pytest.approx(0.75 * 0.8 + 0.25 * 0.9)
+
+
 def test_a_catch_up_is_left_out_of_what_the_guards_judge(monkeypatch):
     """A pass may carry the draft model's catch-up on a new context, which the controller charged to
     the steps it serves. The guards judge a few steps, so they leave it out: passes that yield 3

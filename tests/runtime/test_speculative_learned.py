@@ -31,6 +31,8 @@ def learned_state(costs: CostModel, acceptance: Acceptance) -> None:
         acceptance.record("draft", 0.95, 1, False)
     for _ in range(8):
         acceptance.record("lookup", 2, 1, False)
+    for _ in range(Acceptance.CONFIDENCE_STEPS):  # the answer that just ended
+        acceptance.record_confidence(0.6)
 
 
 def test_costs_and_calibration_round_trip(cache):
@@ -47,6 +49,8 @@ def test_costs_and_calibration_round_trip(cache):
     assert again.verify[2] < costs.verify[2]
     assert calibrated.estimate("draft", 0.95, 1) == acceptance.estimate("draft", 0.95, 1) < 0.2
     assert calibrated.recent("draft") == acceptance.long_run("draft") < 0.5
+    # how sure the target usually is, the answer that just ended counted in
+    assert calibrated.usual_confidence == pytest.approx(0.6) and calibrated.confidence == [0.0, 0]
     # lookup restarts with each text: first tokens from the counts over earlier answers
     assert calibrated.estimate("lookup", 2, 1) == pytest.approx(2 * Acceptance.LOOKUP_PRIOR / 10)
     assert calibrated.estimate("lookup", 3, 1) == calibrated.estimate("lookup", 2, 2) == Acceptance.LOOKUP_PRIOR
@@ -61,6 +65,7 @@ def test_costs_and_calibration_round_trip(cache):
     lambda d: json.dumps({**d, "acceptance": {"draft": [[3.0, 2.0]] * Acceptance.BINS}}),
     lambda d: json.dumps({k: v for k, v in d.items() if k != "costs"}),
     lambda d: json.dumps({**d, "lookup_first": [[3.0, 2.0]] * (Acceptance.LOOKUP_SLOTS - 1)}),
+    lambda d: json.dumps({**d, "usual_confidence": 1.5}),
 ])
 def test_a_file_that_does_not_read_back_is_ignored(cache, damage):
     path = cache / "speculative" / "state.json"
