@@ -186,14 +186,17 @@ class Acceptance:
 
     def joining(self, origin: str) -> float:
         """The rate a draft model that has not drafted in this answer should expect: its recent rate,
-        scaled by how much surer of itself the target has been in this answer than usual (the text
-        of a grounded prompt, continued, gave 0.46-0.52 against 0.75-0.80 on chat answers; the 0.5B
-        then agreed on 42-58% of tokens, not its long-run 76%, and taking in the 250-token prompt
-        cost more than drafting gained: 0.91-0.94x plain decoding)."""
+        scaled down by how much less sure of itself the target has been in this answer than usual
+        (the text of a grounded prompt, continued, gave 0.46-0.52 against 0.75-0.80 on chat answers;
+        the 0.5B then agreed on 42-58% of tokens, not its long-run 76%, and taking in the 250-token
+        prompt cost more than drafting gained: 0.91-0.94x plain decoding). Never scaled up: the
+        catch-up is paid before the answer's length is known, and a 13-token answer the target was
+        sure of (0.97) drew the draft model into taking in its 201-token question for one pass
+        (0.65x plain decoding)."""
         mine = self._answer_confidence()
         if mine is None or not self.usual_confidence:
             return self.recent(origin)
-        return min(1.0, self.recent(origin) * mine / self.usual_confidence)
+        return self.recent(origin) * min(1.0, mine / self.usual_confidence)
 
     def _lookup_start(self) -> np.ndarray:
         start = self._lookup_priors()

@@ -371,7 +371,7 @@ def test_a_draft_model_joins_only_answers_the_target_is_about_as_sure_of_as_usua
     draft model joins an answer the target is as sure of as usual (its rate there starts from its
     recent one), not one it is half as sure of (a passage continued: the catch-up on the prompt
     would cost more than drafting at half the rate gains), and judges by its recent rate alone
-    before the answer has shown enough plain steps."""
+    before the answer has shown enough plain steps, or where the target is surer than usual."""
     usual = joining_controller(0.8, [0.8] * 8)
     assert usual.acceptance.joining("draft") == pytest.approx(usual.acceptance.long_run("draft"))
     assert usual.draft_more("draft", 1.0, 1, first=True, behind=196)
@@ -383,6 +383,10 @@ def test_a_draft_model_joins_only_answers_the_target_is_about_as_sure_of_as_usua
 
     too_few = joining_controller(0.8, [0.4] * (Acceptance.CONFIDENCE_STEPS - 1))
     assert too_few.draft_more("draft", 1.0, 1, first=True, behind=196)
+
+    # a surer answer than usual does not raise the rate: its length is not known yet
+    surer = joining_controller(0.6, [0.95] * 8)
+    assert surer.acceptance.joining("draft") == pytest.approx(surer.acceptance.long_run("draft"))
 
 
 def test_the_targets_confidence_is_counted_only_before_a_draft_model_drafts():
