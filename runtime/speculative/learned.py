@@ -9,9 +9,9 @@ guesses pass costs and lets a draft model join only 8 steps in).
 
 What is kept: costs, a draft model's calibration, how often a lookup chain's first token was
 accepted (where each answer's lookup rates start) and how sure of its tokens the target usually is
-(what a draft model joining an answer compares that answer's confidence with). Not kept: the lookup rates and a draft model's
-recent rate of the last answer, which follow its text (a new answer starts them from what the
-counts say), and the guards, whose pauses belong to the run that lost.
+(what a draft model joining an answer compares that answer's confidence with). Not kept: the lookup
+rates and a draft model's recent rate of the last answer, which follow its text (a new answer
+starts them from what the counts say), and the guards, whose pauses belong to the run that lost.
 
 One JSON file per target file (its size and modification time), drafters, memory plan, engine
 settings and verification kind (greedy or sampled), in `$EDGEFLASH_CACHE/speculative` (or
@@ -104,7 +104,8 @@ def restore(path: Path | None, costs: CostModel, acceptance: Acceptance) -> bool
             if lookup_first.shape != acceptance.lookup_first.shape or not _counts(lookup_first):
                 return False
         usual = data.get("usual_confidence")  # absent from files written before it was kept
-        if usual is not None and (isinstance(usual, bool) or not isinstance(usual, (int, float)) or not 0 < usual <= 1):
+        if usual is not None and (isinstance(usual, bool) or not isinstance(usual, (int, float))
+                                  or not 0 < usual <= 1):
             return False
     except (OSError, ValueError, KeyError, TypeError, AttributeError):
         return False
