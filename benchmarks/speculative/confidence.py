@@ -23,7 +23,7 @@ from pathlib import Path
 import numpy as np
 
 import edgeflash as ef
-from edgeflash.runtime.speculative.decoder import top_probability
+from edgeflash.runtime.speculative.controller import top_probability
 from edgeflash.runtime.speculative.draft_model import find_draft_model
 
 REPO = Path(__file__).resolve().parents[2]

@@ -358,11 +358,11 @@ class Controller:
         self.drafted.add(origin)
         return True
 
-    def record_confidence(self, probability: float) -> None:
-        """The target's top-1 probability at a plain step: counted while no draft model has drafted
-        in this answer (Acceptance.joining)."""
+    def record_confidence(self, logits: np.ndarray) -> None:
+        """The target's logits at a plain step: its top-1 probability counts while no draft model has
+        drafted in this answer (Acceptance.joining); after that it is not computed."""
         if not self.drafted:
-            self.acceptance.record_confidence(probability)
+            self.acceptance.record_confidence(top_probability(logits))
 
     # -- choosing the tree -----------------------------------------------------------------------
 
@@ -433,6 +433,11 @@ class Controller:
                     tested_models.add(origin)
         self.acceptance.drift(tested_lookup, tested_models)
         self.guard.record(len(path), total_s, self.costs.plain)
+
+
+def top_probability(logits: np.ndarray) -> float:
+    """The probability of the most likely token under softmax(logits)."""
+    return float(1.0 / np.exp(logits - logits.max()).sum())
 
 
 def now() -> float:

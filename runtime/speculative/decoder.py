@@ -80,7 +80,7 @@ class SpeculativeDecoder:
         token = self.sampler(logits, history)
         t2 = now()
         if self.drafters.model is not None:
-            c.record_confidence(top_probability(logits))
+            c.record_confidence(logits)
         self.stats.plain_steps += 1
         self.stats.draft_s += t1 - t0
         c.record_plain(t2 - t1)
@@ -161,11 +161,6 @@ class SpeculativeDecoder:
             context.append(token)
             path.append(chosen)
             node = chosen
-
-
-def top_probability(logits: np.ndarray) -> float:
-    """The probability of the most likely token under softmax(logits)."""
-    return float(1.0 / np.exp(logits - logits.max()).sum())
 
 
 KINDS = "none, lookup, self, draft:PATH, auto or auto:PATH"

@@ -17,6 +17,7 @@ from edgeflash.runtime.speculative.controller import (
     Acceptance,
     Controller,
     CostModel,
+    top_probability,
 )
 from edgeflash.runtime.speculative.tree import DraftTree
 
@@ -347,6 +348,18 @@ def test_a_draft_models_recent_rate_starts_each_answer_from_its_long_run_rate():
     assert c.draft_more("draft", 1.0, 1, first=True, behind=60)
 
 
+def logits_sure_of(p: float, vocab: int = 8):
+    """Logits whose most likely token has probability p."""
+    import numpy as np
+
+    return np.log(np.array([p] + [(1 - p) / (vocab - 1)] * (vocab - 1), dtype=np.float32)) + 3.0
+
+
+def test_top_probability_is_the_softmax_of_the_best_logit():
+    assert top_probability(logits_sure_of(0.8)) == pytest.approx(0.8, rel=1e-5)
+    assert top_probability(logits_sure_of(1 / 8)) == pytest.approx(1 / 8, rel=1e-5)
+
+
 def joining_controller(usual: float, this_answer: list[float]) -> Controller:
     """A draft model with a long-run rate of about 0.7 whose catch-up on a 196-token prompt pays at that
     rate, 32 steps into an answer; earlier answers' plain steps put the target's usual confidence at
@@ -362,7 +375,7 @@ def joining_controller(usual: float, this_answer: list[float]) -> Controller:
     c.costs.record_catch_up("draft", 0.01 * PLAIN)
     c.steps += 2 * CATCH_UP_HORIZON
     for p in this_answer:
-        c.record_confidence(p)
+        c.record_confidence(logits_sure_of(p))
     return c
 
 
@@ -394,7 +407,7 @@ def test_the_targets_confidence_is_counted_only_before_a_draft_model_drafts():
     least sure: counting them would make every answer look harder than the usual one."""
     c = joining_controller(0.8, [0.9] * 4)
     assert c.draft_more("draft", 1.0, 1, first=True, behind=196)
-    c.record_confidence(0.1)
+    c.record_confidence(logits_sure_of(0.1))
     assert c.acceptance.confidence == [pytest.approx(3.6), 4]
     c.acceptance.new_text()
     assert c.acceptance.usual_confidence == pytest.approx(0.75 * 0.8 + 0.25 * 0.9)
