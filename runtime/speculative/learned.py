@@ -119,7 +119,7 @@ def restore(path: Path | None, costs: CostModel, acceptance: Acceptance) -> bool
     costs.catch_up_share = {k: s * per_plain for k, s in catch_up.items()}
     # a draft model's recent rate starts from its long-run one (files that kept it: not read)
     acceptance.model, acceptance.model_recent, acceptance.lookup_first = tables, {}, lookup_first
-    acceptance.confidence, acceptance.usual_confidence = [0.0, 0], None if usual is None else float(usual)
+    acceptance.usual_confidence = None if usual is None else float(usual)
     acceptance.new_text()
     return True
 
