@@ -65,6 +65,7 @@ def grounded_prompts(n: int) -> list[str]:
 RUN = textwrap.dedent("""
     import json, statistics, sys
     import edgeflash as ef
+    from edgeflash.kernels import current_isa
     from edgeflash.memory.planner import BudgetError
     from edgeflash.runtime.speculative.draft_model import find_draft_model
     model, budget, tokens, drafters = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4].split(",")
@@ -118,7 +119,8 @@ RUN = textwrap.dedent("""
             before = after
         row["none"] = {"tok_s": statistics.median(plain_rates), "n": len(base)}
         out.append(row)
-    print(json.dumps({"rows": out, "draft_model": str(found) if found else None, "notes": notes}))
+    print(json.dumps({"rows": out, "draft_model": str(found) if found else None, "notes": notes,
+                      "kernels": current_isa()}))
 """)
 
 
@@ -205,7 +207,8 @@ def summarize(result: dict, model: str, budget: str, budget_bytes: str, args, so
             note = result["notes"].get(d, "")
             print(f"| {model} | {budget} | {prompts} | {d} | {med:.2f}x | {worst:.2f}x | "
                   f"{statistics.mean(accepted):.2f} | {same}/{len(sel)} | {note[:60]}")
-            notes = (f"{source} files, greedy, {args.tokens} new tokens; speedup = decode tok/s over the mean of "
+            notes = (f"{source} files, {result.get('kernels', '?')} kernels, greedy, {args.tokens} new tokens; "
+                     "speedup = decode tok/s over the mean of "
                      "the plain decodings just before and after, per prompt; " + (note or "")).rstrip("; ")
             cfg = f"{prompts}, {d}"
             records += [

@@ -38,11 +38,11 @@ struct UnitScales {
 inline __m256i nib_lo(__m256i q) { return _mm256_and_si256(q, _mm256_set1_epi8(0x0F)); }
 inline __m256i nib_hi(__m256i q) { return _mm256_and_si256(_mm256_srli_epi16(q, 4), _mm256_set1_epi8(0x0F)); }
 
-// Formats: kBB, kShift (log2 of the code offset, -1 none), kSigned (codes are int8: dot products
+// Formats: kBB, kShift (log2 of the code offset, -1 none), kCodeBits (of an unsigned code), kSigned (codes are int8: dot products
 // take |c| and the sign moved onto x, so maddubs cannot saturate), kFloatBias, kSplit;
 // unit(G, u, w, sc): the 8 code words of unit u (register j = codes 4j..4j+3 of each row).
 struct AQ4_0 {
-  static constexpr int kBB = 18, kShift = 3;
+  static constexpr int kBB = 18, kShift = 3, kCodeBits = 4;
   static constexpr bool kSigned = false, kFloatBias = false, kSplit = false;
   static inline void unit(const Group& G, int64_t u, __m256i w[8], UnitScales& sc) {
     const size_t at = static_cast<size_t>(u) * kBB;
@@ -56,7 +56,7 @@ struct AQ4_0 {
 };
 
 struct AQ4_1 {
-  static constexpr int kBB = 20, kShift = -1;
+  static constexpr int kBB = 20, kShift = -1, kCodeBits = 4;
   static constexpr bool kSigned = false, kFloatBias = true, kSplit = false;
   static inline void unit(const Group& G, int64_t u, __m256i w[8], UnitScales& sc) {
     const size_t at = static_cast<size_t>(u) * kBB;
@@ -71,7 +71,7 @@ struct AQ4_1 {
 };
 
 struct AQ5_0 {
-  static constexpr int kBB = 22, kShift = 4;
+  static constexpr int kBB = 22, kShift = 4, kCodeBits = 5;
   static constexpr bool kSigned = false, kFloatBias = false, kSplit = false;
   static inline void unit(const Group& G, int64_t u, __m256i w[8], UnitScales& sc) {
     const size_t at = static_cast<size_t>(u) * kBB;
@@ -92,7 +92,7 @@ struct AQ5_0 {
 };
 
 struct AQ8_0 {
-  static constexpr int kBB = 34, kShift = -1;
+  static constexpr int kBB = 34, kShift = -1, kCodeBits = 8;
   static constexpr bool kSigned = true, kFloatBias = false, kSplit = false;
   static inline void unit(const Group& G, int64_t u, __m256i w[8], UnitScales& sc) {
     const size_t at = static_cast<size_t>(u) * kBB;
@@ -102,7 +102,7 @@ struct AQ8_0 {
 };
 
 struct AQ4_K {
-  static constexpr int kBB = 144, kShift = -1;
+  static constexpr int kBB = 144, kShift = -1, kCodeBits = 4;
   static constexpr bool kSigned = false, kFloatBias = true, kSplit = false;
   static inline void unit(const Group& G, int64_t u, __m256i w[8], UnitScales& sc) {
     const size_t at = static_cast<size_t>(u / 8) * kBB;
@@ -136,7 +136,7 @@ struct AQ4_K {
 };
 
 struct AQ6_K {
-  static constexpr int kBB = 210, kShift = 5;
+  static constexpr int kBB = 210, kShift = 5, kCodeBits = 6;
   static constexpr bool kSigned = false, kFloatBias = false, kSplit = true;
   static inline void unit(const Group& G, int64_t u, __m256i w[8], UnitScales& sc) {
     const size_t at = static_cast<size_t>(u / 8) * kBB;
@@ -167,7 +167,7 @@ struct AQ6_K {
 // whose low nibbles h are bytes 2j, 2j + 1 of the scale bytes and whose high bit pairs 2h + j / 2
 // are bytes 8 + 2 (j % 2), + 1.
 struct AQ3_K {
-  static constexpr int kBB = 110, kShift = 2;
+  static constexpr int kBB = 110, kShift = 2, kCodeBits = 3;
   static constexpr bool kSigned = false, kFloatBias = false, kSplit = true;
   static inline void unit(const Group& G, int64_t u, __m256i w[8], UnitScales& sc) {
     const size_t at = static_cast<size_t>(u / 8) * kBB;
@@ -221,21 +221,43 @@ inline __m256i sum_start(int32_t neg_sum) {
   }
 }
 
-// acc[i] += sum over words j in [J0, J1) of dot(w[j] row i, activation word j at x).
+// How many words' maddubs results an int16 lane can add up before the one madd that widens them:
+// a pair of products is at most 2 * (2^bits - 1) * 128 in magnitude, so 8 words of 4-bit codes (3840
+// each), 4 of 5-bit, 2 of 6-bit. Signed codes (|c| up to 128 against |x| up to 127) widen every word.
+template <class F>
+constexpr int kInt16Words = F::kSigned ? 1 : std::min(8, 32767 / (2 * ((1 << F::kCodeBits) - 1) * 128));
+
+template <class F>
+inline __m256i word_products(const __m256i w[8], const int8_t* x, int j) {  // int16 pairs of word j
+  int32_t xw;
+  std::memcpy(&xw, x + 4 * j, 4);
+  const __m256i xb = _mm256_set1_epi32(xw);
+  if constexpr (F::kSigned) {
+    return _mm256_maddubs_epi16(_mm256_sign_epi8(w[j], w[j]), _mm256_sign_epi8(xb, w[j]));
+  } else {
+    return _mm256_maddubs_epi16(w[j], xb);
+  }
+}
+
+// acc[i] += sum over words j in [J0, J1) of dot(w[j] row i, activation word j at x). Words are
+// added in int16 in runs of kInt16Words (two chains, so the adds overlap) and widened once a run:
+// maddubs and madd share the multiply ports, which bound this loop.
 template <class F, int J0, int J1>
 inline __m256i dot_words(__m256i acc, const __m256i w[8], const int8_t* x) {
+  constexpr int kRun = std::min(kInt16Words<F>, J1 - J0);  // 1, 2, 4 or 8: whole runs
+  static_assert((J1 - J0) % kRun == 0);
   const __m256i ones = _mm256_set1_epi16(1);
-  for (int j = J0; j < J1; ++j) {
-    int32_t xw;
-    std::memcpy(&xw, x + 4 * j, 4);
-    const __m256i xb = _mm256_set1_epi32(xw);
-    __m256i p;
-    if constexpr (F::kSigned) {
-      p = _mm256_maddubs_epi16(_mm256_sign_epi8(w[j], w[j]), _mm256_sign_epi8(xb, w[j]));
-    } else {
-      p = _mm256_maddubs_epi16(w[j], xb);
+  for (int j = J0; j < J1; j += kRun) {
+    __m256i even = word_products<F>(w, x, j);
+    if constexpr (kRun > 1) {
+      __m256i odd = word_products<F>(w, x, j + 1);
+      for (int k = 2; k < kRun; k += 2) {
+        even = _mm256_add_epi16(even, word_products<F>(w, x, j + k));
+        odd = _mm256_add_epi16(odd, word_products<F>(w, x, j + k + 1));
+      }
+      even = _mm256_add_epi16(even, odd);
     }
-    acc = _mm256_add_epi32(acc, _mm256_madd_epi16(p, ones));
+    acc = _mm256_add_epi32(acc, _mm256_madd_epi16(even, ones));
   }
   return acc;
 }
