@@ -288,8 +288,18 @@ def kernels_ops() -> list[str]:
 
 # ---- docs/speculative.md ----------------------------------------------------------------------------
 
+def kernel_level(records: list[dict]) -> str:
+    """The kernel level a run's notes name ("avx2 kernels"); runs before the notes named it were
+    made on AVX-512 VNNI machines."""
+    for r in records:
+        found = re.search(r"\b(\w+) kernels\b", r.get("notes", ""))
+        if found:
+            return found.group(1)
+    return "avx512"
+
+
 def speculative() -> list[str]:
-    """One row per (budget, model, prompt set): the latest run that measured it. A command may
+    """One row per (budget, kernel level, model, prompt set): the latest run that measured it. A command may
     measure several budgets; a later command supersedes an earlier one's rows it measured again."""
     recs = read_results("speculative")
 
@@ -297,11 +307,13 @@ def speculative() -> list[str]:
         fraction = re.match(r"(\d+)%", budget)
         return (budget != "none", -int(fraction.group(1)) if fraction else 0, budget)
 
-    latest: dict[tuple[str, str, str], tuple[str, str, list[str]]] = {}  # key -> (run, command, row)
-    measured = unique((r["command"], r["budget"]) for r in recs if r["metric"] == "speedup" and r.get("budget"))
-    for command, budget in measured:
+    latest: dict[tuple[str, str, str, str], tuple[str, str, list[str]]] = {}  # key -> (run, command, row)
+    measured = unique((r["command"], r["budget"], kernel_level([r])) for r in recs
+                      if r["metric"] == "speedup" and r.get("budget"))
+    for command, budget, level in measured:
         run = latest_run(recs, lambda rs: any(r["metric"] == "speedup" and r["command"] == command
-                                              and r.get("budget") == budget and "," in r["config"] for r in rs))
+                                              and r.get("budget") == budget and "," in r["config"]
+                                              and kernel_level([r]) == level for r in rs))
         if run is None:
             continue
         rs = [r for r in pick(recs, run=run) if r["command"] == command and r.get("budget") == budget]
@@ -317,9 +329,9 @@ def speculative() -> list[str]:
                         cell += f" (worst {sp['low']:.2f}x)"
                     speed.append(cell)
                     acc.append(fmt(a and a["value"], 2))
-                key = (budget, model, prompts.split(" x")[0])
+                key = (budget, level, model, prompts.split(" x")[0])
                 if key not in latest or run > latest[key][0]:
-                    latest[key] = (run, command, [budget, model, prompts] + speed + [" / ".join(acc)])
+                    latest[key] = (run, command, [budget, level, model, prompts] + speed + [" / ".join(acc)])
     kept = sorted(latest.values(), key=lambda v: (order(v[2][0]), v[0]))
     rows = [row for _, _, row in kept]
     commands = []
@@ -328,7 +340,7 @@ def speculative() -> list[str]:
         line = f"- {row[0]}: `{command}` ({date})"
         if line not in commands:
             commands.append(line)
-    out = md_table(["budget", "model", "prompts", "lookup", "self", "draft", "auto",
+    out = md_table(["budget", "kernels", "model", "prompts", "lookup", "self", "draft", "auto",
                     "mean accepted per pass (lookup / self / draft / auto)"], rows)
     return out + ["", "Commands (date measured):"] + commands
 
