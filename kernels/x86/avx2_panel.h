@@ -307,10 +307,61 @@ void group_tile(const Group& G, int64_t nu, const Tokens<NT>& tk, float* y, int6
   for (int t = 0; t < NT; ++t) store_group(acc[t], y + (t0 + t) * ldy + kGroupRows * G.g, valid);
 }
 
+// Tokens [t0, t1) (at most kManyTokens) of one row group: each unit is decoded once for all of them,
+// where tiles of 4 would decode it once a tile. The accumulators live in L1 instead of registers;
+// per token they see the same operations in the same order as in group_tile, so both give the
+// same bits.
+constexpr int kManyTokens = 32;
+
+template <class F>
+void group_many(const Group& G, int64_t nu, const Q8View& x, int64_t t0, int64_t t1, float* y, int64_t ldy,
+                int valid, const uint8_t* prefetch, size_t slice) {
+  const int n = static_cast<int>(t1 - t0);
+  const int64_t cols = x.cols, blocks = cols / 32;
+  alignas(32) float acc[kManyTokens * kGroupRows];
+  for (int t = 0; t < n; ++t) _mm256_store_ps(acc + kGroupRows * t, _mm256_setzero_ps());
+  for (int64_t u = 0; u < nu; ++u) {
+    prefetch_slice(prefetch, u, slice);
+    __m256i w[8];
+    UnitScales sc;
+    F::unit(G, u, w, sc);
+    for (int t = 0; t < n; ++t) {
+      const int64_t row = t0 + t;
+      const int8_t* xq = x.q + row * cols + 32 * u;
+      const __m256 dx = _mm256_set1_ps(x.d[row * blocks + u]);
+      __m256 a = _mm256_load_ps(acc + kGroupRows * t);
+      if constexpr (F::kSplit) {
+        const int32_t* ns = x.ns16 + row * (cols / 16) + 2 * u;
+        const __m256i lo = dot_words<F, 0, 4>(sum_start<F>(ns[0]), w, xq);
+        const __m256i hi = dot_words<F, 4, 8>(sum_start<F>(ns[1]), w, xq);
+        a = _mm256_fmadd_ps(_mm256_cvtepi32_ps(lo), _mm256_mul_ps(sc.a, dx), a);
+        a = _mm256_fmadd_ps(_mm256_cvtepi32_ps(hi), _mm256_mul_ps(sc.a_hi, dx), a);
+      } else {
+        const __m256i sum = dot_words<F, 0, 8>(sum_start<F>(x.ns32[row * blocks + u]), w, xq);
+        a = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sum), _mm256_mul_ps(sc.a, dx), a);
+        if constexpr (F::kFloatBias) a = _mm256_fmadd_ps(sc.b, _mm256_set1_ps(x.s32[row * blocks + u]), a);
+      }
+      _mm256_store_ps(acc + kGroupRows * t, a);
+    }
+  }
+  for (int t = 0; t < n; ++t)
+    store_group(_mm256_load_ps(acc + kGroupRows * t), y + (t0 + t) * ldy + kGroupRows * G.g, valid);
+}
+
+// Up to 4 tokens in register tiles; more (a verification pass, a prompt) with each unit decoded
+// once per kManyTokens.
 template <class F>
 void gemm_panels(const RowsView& w, int64_t r0, int64_t r1, const Q8View& x, int64_t t0, int64_t t1, float* y,
                  int64_t ldy) {
   const int64_t nu = w.cols / 32;
+  if (t1 - t0 > 4) {
+    for_each_group<kGroupRows>(w, r0, r1, kPanelPrefetch, y,
+                               [&](const uint8_t* panel, int g, float* yp, int gv, const uint8_t* pf, size_t slice) {
+      for (int64_t t = t0; t < t1; t += kManyTokens, pf = nullptr)
+        group_many<F>(Group{panel, g}, nu, x, t, std::min(t1, t + kManyTokens), yp, ldy, gv, pf, slice);
+    });
+    return;
+  }
   const auto tile = [&](auto nt, const uint8_t* panel, int g, int64_t t, float* yp, int gv, const uint8_t* pf,
                         size_t slice) {
     constexpr int NT = decltype(nt)::value;

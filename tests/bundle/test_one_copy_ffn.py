@@ -77,4 +77,21 @@ def test_streamed_arenas_give_exactly_the_resident_logits(tiny_bundle_dir):
             budget = (e.minimum_bytes or budget) + (256 << 10)
     plan = small.engine.weights.plan
     assert [g for g in plan.streamed if g.endswith(".ffn")], plan.describe()
-    assert np.array_equal(small.engine.forward(ids, all_logits=True), expected)
+    got = small.engine.forward(ids, all_logits=True)
+    if rows_match_panels():
+        assert np.array_equal(got, expected)
+    else:  # float rounding only: well below the logits' spread, and the same greedy tokens
+        assert np.abs(got - expected).max() < 1e-3 * np.abs(expected).max()
+        assert np.array_equal(got.argmax(-1), expected.argmax(-1))
+
+
+def rows_match_panels() -> bool:
+    """Whether this CPU's kernel level computes a quantized product from rows (how a streamed arena
+    is read) to the same bits as from panels (how a resident one is laid out). AVX-512 does: it
+    moves 16 rows into lanes as the panel layout stores them. AVX2 and NEON sum each row across
+    lanes instead, a different order of float additions."""
+    rng = np.random.default_rng(3)
+    w = kernels.quantize(rng.standard_normal((64, 256)).astype(np.float32), "q4_0")
+    x = rng.standard_normal((3, 256)).astype(np.float32)
+    return np.array_equal(kernels.matmul(w, "q4_0", x),
+                          kernels.matmul_panels(kernels.pack_panels(w, "q4_0", 256), "q4_0", 64, 256, x))
