@@ -279,6 +279,25 @@ inline void store_group(__m256 v, float* out, int valid) {
   }
 }
 
+// acc plus one unit's product with one token: its codes xq, scale dx, minus code sums ns (of the
+// unit's halves for split formats) and dx times its code sum (*s32, read for float biases only).
+template <class F>
+inline __m256 add_unit(__m256 acc, const __m256i w[8], const UnitScales& sc, const int8_t* xq, float dx,
+                       const int32_t* ns, const float* s32) {
+  const __m256 d = _mm256_set1_ps(dx);
+  if constexpr (F::kSplit) {
+    const __m256i lo = dot_words<F, 0, 4>(sum_start<F>(ns[0]), w, xq);
+    const __m256i hi = dot_words<F, 4, 8>(sum_start<F>(ns[1]), w, xq);
+    acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(lo), _mm256_mul_ps(sc.a, d), acc);
+    return _mm256_fmadd_ps(_mm256_cvtepi32_ps(hi), _mm256_mul_ps(sc.a_hi, d), acc);
+  } else {
+    const __m256i sum = dot_words<F, 0, 8>(sum_start<F>(ns[0]), w, xq);
+    acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sum), _mm256_mul_ps(sc.a, d), acc);
+    if constexpr (F::kFloatBias) acc = _mm256_fmadd_ps(sc.b, _mm256_set1_ps(*s32), acc);
+    return acc;
+  }
+}
+
 template <class F, int NT>
 void group_tile(const Group& G, int64_t nu, const Tokens<NT>& tk, float* y, int64_t t0, int64_t ldy, int valid,
                 const uint8_t* prefetch, size_t slice) {
@@ -289,28 +308,16 @@ void group_tile(const Group& G, int64_t nu, const Tokens<NT>& tk, float* y, int6
     __m256i w[8];
     UnitScales sc;
     F::unit(G, u, w, sc);
-    for (int t = 0; t < NT; ++t) {
-      const int8_t* x = tk.q[t] + 32 * u;
-      const __m256 dx = _mm256_set1_ps(tk.d[t][u]);
-      if constexpr (F::kSplit) {
-        const __m256i lo = dot_words<F, 0, 4>(sum_start<F>(tk.ns[t][2 * u]), w, x);
-        const __m256i hi = dot_words<F, 4, 8>(sum_start<F>(tk.ns[t][2 * u + 1]), w, x);
-        acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(lo), _mm256_mul_ps(sc.a, dx), acc[t]);
-        acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(hi), _mm256_mul_ps(sc.a_hi, dx), acc[t]);
-      } else {
-        const __m256i s = dot_words<F, 0, 8>(sum_start<F>(tk.ns[t][u]), w, x);
-        acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s), _mm256_mul_ps(sc.a, dx), acc[t]);
-        if constexpr (F::kFloatBias) acc[t] = _mm256_fmadd_ps(sc.b, _mm256_set1_ps(tk.s32[t][u]), acc[t]);
-      }
-    }
+    for (int t = 0; t < NT; ++t)
+      acc[t] = add_unit<F>(acc[t], w, sc, tk.q[t] + 32 * u, tk.d[t][u], tk.ns[t] + (F::kSplit ? 2 : 1) * u,
+                           tk.s32[t] + u);
   }
   for (int t = 0; t < NT; ++t) store_group(acc[t], y + (t0 + t) * ldy + kGroupRows * G.g, valid);
 }
 
 // Tokens [t0, t1) (at most kManyTokens) of one row group: each unit is decoded once for all of them,
 // where tiles of 4 would decode it once a tile. The accumulators live in L1 instead of registers;
-// per token they see the same operations in the same order as in group_tile, so both give the
-// same bits.
+// per token they take the same add_unit steps as in group_tile, so both give the same bits.
 constexpr int kManyTokens = 32;
 
 template <class F>
@@ -327,20 +334,9 @@ void group_many(const Group& G, int64_t nu, const Q8View& x, int64_t t0, int64_t
     F::unit(G, u, w, sc);
     for (int t = 0; t < n; ++t) {
       const int64_t row = t0 + t;
-      const int8_t* xq = x.q + row * cols + 32 * u;
-      const __m256 dx = _mm256_set1_ps(x.d[row * blocks + u]);
-      __m256 a = _mm256_load_ps(acc + kGroupRows * t);
-      if constexpr (F::kSplit) {
-        const int32_t* ns = x.ns16 + row * (cols / 16) + 2 * u;
-        const __m256i lo = dot_words<F, 0, 4>(sum_start<F>(ns[0]), w, xq);
-        const __m256i hi = dot_words<F, 4, 8>(sum_start<F>(ns[1]), w, xq);
-        a = _mm256_fmadd_ps(_mm256_cvtepi32_ps(lo), _mm256_mul_ps(sc.a, dx), a);
-        a = _mm256_fmadd_ps(_mm256_cvtepi32_ps(hi), _mm256_mul_ps(sc.a_hi, dx), a);
-      } else {
-        const __m256i sum = dot_words<F, 0, 8>(sum_start<F>(x.ns32[row * blocks + u]), w, xq);
-        a = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sum), _mm256_mul_ps(sc.a, dx), a);
-        if constexpr (F::kFloatBias) a = _mm256_fmadd_ps(sc.b, _mm256_set1_ps(x.s32[row * blocks + u]), a);
-      }
+      const int32_t* ns = F::kSplit ? x.ns16 + row * (cols / 16) + 2 * u : x.ns32 + row * blocks + u;
+      const __m256 a = add_unit<F>(_mm256_load_ps(acc + kGroupRows * t), w, sc, x.q + row * cols + 32 * u,
+                                   x.d[row * blocks + u], ns, x.s32 + row * blocks + u);
       _mm256_store_ps(acc + kGroupRows * t, a);
     }
   }
