@@ -20,6 +20,7 @@ import time
 from pathlib import Path
 
 import edgeflash as ef
+from edgeflash.kernels import current_isa
 from edgeflash.runtime.speculative.tree import DraftTree
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "results"))
@@ -79,7 +80,7 @@ def main() -> int:
         print(f"| {a} | {plain * 1e3:.1f} | " + " | ".join(f"{r:.2f}" for r in ratios.values()) + " |")
         records += [{"run": run, "model": args.model, "config": f"{a} activations, width {w}",
                      "metric": "verify_cost_ratio", "value": round(r, 3), "unit": "x", "rounds": args.rounds,
-                     "command": command.strip(), "notes": f"plain step {plain * 1e3:.1f} ms"}
+                     "command": command.strip(), "notes": f"plain step {plain * 1e3:.1f} ms, {current_isa()} kernels"}
                     for w, r in ratios.items()]
     if args.record:
         append_results("speculative", records)
