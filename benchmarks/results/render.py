@@ -299,8 +299,9 @@ def kernel_level(records: list[dict]) -> str:
 
 
 def speculative() -> list[str]:
-    """One row per (budget, kernel level, model, prompt set): the latest run that measured it. A command may
-    measure several budgets; a later command supersedes an earlier one's rows it measured again."""
+    """One row per (budget, kernel level, model, prompt set): the latest run that measured it. A
+    command may measure several budgets; a later command supersedes an earlier one's rows it
+    measured again."""
     recs = read_results("speculative")
 
     def order(budget: str) -> tuple:

@@ -80,7 +80,8 @@ def main() -> int:
         print(f"| {a} | {plain * 1e3:.1f} | " + " | ".join(f"{r:.2f}" for r in ratios.values()) + " |")
         records += [{"run": run, "model": args.model, "config": f"{a} activations, width {w}",
                      "metric": "verify_cost_ratio", "value": round(r, 3), "unit": "x", "rounds": args.rounds,
-                     "command": command.strip(), "notes": f"plain step {plain * 1e3:.1f} ms, {current_isa()} kernels"}
+                     "command": command.strip(),
+                     "notes": f"plain step {plain * 1e3:.1f} ms, {current_isa()} kernels"}
                     for w, r in ratios.items()]
     if args.record:
         append_results("speculative", records)
