@@ -288,14 +288,11 @@ def kernels_ops() -> list[str]:
 
 # ---- docs/speculative.md ----------------------------------------------------------------------------
 
-def kernel_level(records: list[dict]) -> str:
-    """The kernel level a run's notes name ("avx2 kernels"); runs before the notes named it were
+def kernel_level(record: dict) -> str:
+    """The kernel level a record's notes name ("avx2 kernels"); runs before the notes named it were
     made on AVX-512 VNNI machines."""
-    for r in records:
-        found = re.search(r"\b(\w+) kernels\b", r.get("notes", ""))
-        if found:
-            return found.group(1)
-    return "avx512"
+    found = re.search(r"\b(\w+) kernels\b", record.get("notes", ""))
+    return found.group(1) if found else "avx512"
 
 
 def speculative() -> list[str]:
@@ -309,12 +306,12 @@ def speculative() -> list[str]:
         return (budget != "none", -int(fraction.group(1)) if fraction else 0, budget)
 
     latest: dict[tuple[str, str, str, str], tuple[str, str, list[str]]] = {}  # key -> (run, command, row)
-    measured = unique((r["command"], r["budget"], kernel_level([r])) for r in recs
+    measured = unique((r["command"], r["budget"], kernel_level(r)) for r in recs
                       if r["metric"] == "speedup" and r.get("budget"))
     for command, budget, level in measured:
         run = latest_run(recs, lambda rs: any(r["metric"] == "speedup" and r["command"] == command
                                               and r.get("budget") == budget and "," in r["config"]
-                                              and kernel_level([r]) == level for r in rs))
+                                              and kernel_level(r) == level for r in rs))
         if run is None:
             continue
         rs = [r for r in pick(recs, run=run) if r["command"] == command and r.get("budget") == budget]

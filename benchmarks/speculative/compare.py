@@ -207,7 +207,7 @@ def summarize(result: dict, model: str, budget: str, budget_bytes: str, args, so
             note = result["notes"].get(d, "")
             print(f"| {model} | {budget} | {prompts} | {d} | {med:.2f}x | {worst:.2f}x | "
                   f"{statistics.mean(accepted):.2f} | {same}/{len(sel)} | {note[:60]}")
-            notes = (f"{source} files, {result.get('kernels', '?')} kernels, greedy, {args.tokens} new tokens; "
+            notes = (f"{source} files, {result['kernels']} kernels, greedy, {args.tokens} new tokens; "
                      "speedup = decode tok/s over the mean of "
                      "the plain decodings just before and after, per prompt; " + (note or "")).rstrip("; ")
             cfg = f"{prompts}, {d}"
