@@ -17,11 +17,12 @@ controller verifies the subtree (the most likely nodes, parents first) with the 
 tokens per second, or takes a plain step when none beats one token per plain step; a draft model
 drafts one more token while that token's expected worth exceeds its forward and its node's share
 of the pass. Guards compare what speculation actually yields (tokens per second, drafting
-included) with plain decoding, continuously: one for speculation as a whole, which pauses it (plain
-steps), and one per draft model, which benches the model (lookup, which costs nothing, goes on).
-A pause doubles up to MAX_PAUSE steps while the probe after it still loses and halves when
-speculation wins again; guards, like costs and acceptance, are kept across generations, so a
-misestimate is never run for long and a losing drafter is not relearned on every prompt.
+included) with plain decoding, continuously, one per drafter: a step is judged by the guard of
+the draft model if one drafted in it (lookup, which costs nothing, rides along), else by lookup's.
+A losing guard benches its drafter (the other goes on). A pause doubles up to MAX_PAUSE steps while
+the probe after it still loses and halves when the drafter wins again; guards, like costs and
+acceptance, are kept across generations, so a misestimate is never run for long and a losing draft
+model is not relearned on every prompt. Lookup's pause alone ends with its answer, as its rates do.
 """
 
 from __future__ import annotations
@@ -296,7 +297,7 @@ class Guard:
         return False
 
 
-SPECULATION = ""  # the guard of speculation as a whole; a draft model's guard is under its name
+LOOKUP = "lookup"  # the guard of steps only lookup drafted in; a draft model's guard is under its name
 
 
 class Controller:
@@ -306,7 +307,12 @@ class Controller:
         self.max_nodes = max(2, max_nodes)
         self.costs, self.acceptance = costs, acceptance
         self.guards = {} if guards is None else guards
-        self.guard = self.guards.setdefault(SPECULATION, Guard())
+        self.guard = self.guards.setdefault(LOOKUP, Guard())
+        # Lookup rates start afresh with each answer (Acceptance.new_text), so does lookup's pause: a
+        # pause earned by chat answers covered the next answer, which copied its passage, whole (no
+        # pass where lookup alone gave 1.45x). Its backoff stays, so a probe that loses again pauses
+        # lookup as long as before.
+        self.guard.pause = 0
         self.steps = 0
         self.last_draft: dict[str, int] = {}  # drafter -> step it last drafted
         self.drafted: set[str] = set()  # draft models that drafted in this answer
@@ -314,11 +320,13 @@ class Controller:
     # -- before drafting -------------------------------------------------------------------------
 
     def plain_now(self) -> bool:
-        """Whether this step is a plain one whatever is drafted: no plain cost yet, time to measure
-        it again, or a pause after speculation lost."""
+        """Whether this step is a plain one whatever is drafted: no plain cost yet, or time to
+        measure it again."""
         self.steps += 1
-        if self.costs.plain is None or self.steps % REMEASURE_PLAIN == 0:
-            return True
+        return self.costs.plain is None or self.steps % REMEASURE_PLAIN == 0
+
+    def lookup_benched(self) -> bool:
+        """Whether lookup sits out this step, after its steps lost (counts its pause down)."""
         return self.guard.paused()
 
     def draft_more(self, origin: str, reach: float, width: int, first: bool = False, behind: int = 0) -> bool:
@@ -409,15 +417,18 @@ class Controller:
 
     # -- after a pass ----------------------------------------------------------------------------
 
-    def record_model_step(self, origin: str, tokens: int, seconds: float) -> None:
-        """A step in which draft model `origin` drafted: what it yielded, drafting included."""
-        self.guards.setdefault(origin, Guard()).record(tokens, seconds, self.costs.plain)
+    def record_step(self, model: str | None, tokens: int, seconds: float) -> None:
+        """What a step with drafts yielded, drafting included, for the guard of what drafted it:
+        draft model `model`'s if it drafted (a step it lost must not bench lookup: a first grounded
+        answer the 0.5B draft model lost at 0.76x paused the next two answers whole), else lookup's."""
+        guard = self.guard if model is None else self.guards.setdefault(model, Guard())
+        guard.record(tokens, seconds, self.costs.plain)
 
     def record_plain(self, seconds: float) -> None:
         self.costs.record_plain(seconds)
         self.acceptance.drift(False, set())  # nothing was tested this step
 
-    def record_pass(self, tree, path: list[int], verify_s: float, total_s: float) -> None:
+    def record_pass(self, tree, path: list[int], verify_s: float) -> None:
         """A verified tree (`path`: the accepted nodes, root first): costs, and every node the
         target tested (a child of an accepted node) as accepted or not."""
         self.costs.record_verify(tree.size, verify_s)
@@ -432,7 +443,6 @@ class Controller:
                 else:
                     tested_models.add(origin)
         self.acceptance.drift(tested_lookup, tested_models)
-        self.guard.record(len(path), total_s, self.costs.plain)
 
 
 def top_probability(logits: np.ndarray) -> float:

@@ -71,9 +71,8 @@ class SpeculativeDecoder:
             drafted = tree.size > 1
             selection = c.select(tree, limit=limit) if drafted else None
             if selection is not None:
-                out = self._pass(tree.keep(selection.nodes), history, t0, once)
-                if model is not None:
-                    c.record_model_step(model, len(out), now() - t0 - once)
+                out = self._pass(tree.keep(selection.nodes), history, t0)
+                c.record_step(model, len(out), now() - t0 - once)
                 return out
         t1 = now()
         logits = self.engine.forward([history[-1]])[-1]
@@ -85,16 +84,14 @@ class SpeculativeDecoder:
         self.stats.draft_s += t1 - t0
         c.record_plain(t2 - t1)
         if drafted:  # drafting that found nothing worth verifying still took its time
-            c.guard.record(1, t2 - t0 - once, c.costs.plain)
-        if model is not None:
-            c.record_model_step(model, 1, t2 - t0 - once)
+            c.record_step(model, 1, t2 - t0 - once)
         return [token]
 
     def finish(self) -> None:
         """The generation ended: what it taught is kept for the next run."""
         self.drafters.save(self.greedy)
 
-    def _pass(self, tree: DraftTree, history: list[int], t0: float, once: float = 0.0) -> list[int]:
+    def _pass(self, tree: DraftTree, history: list[int], t0: float) -> list[int]:
         t1 = now()
         out, path = self._verify(tree, history)
         self.engine.commit_tree(path)
@@ -113,7 +110,7 @@ class SpeculativeDecoder:
             row[0] += 1
             row[1] += len(nodes)
             row[2] += sum(i in on_path for i in nodes)
-        self.controller.record_pass(tree, path, t2 - t1, t2 - t0 - once)
+        self.controller.record_pass(tree, path, t2 - t1)
         return out
 
     def _verify(self, tree: DraftTree, history: list[int]) -> tuple[list[int], list[int]]:

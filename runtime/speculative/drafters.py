@@ -233,7 +233,7 @@ class Drafters:
 
     def extend(self, tree: DraftTree, history: list[int], controller: Controller, max_depth: int) -> str | None:
         """Add every drafter's proposals to `tree`; the name of the draft model if one ran."""
-        if self.lookup is not None:
+        if self.lookup is not None and not controller.lookup_benched():
             self.lookup.extend(tree, history, controller.max_nodes, max_depth)
         if self.model is not None and self.model.extend(tree, history, controller, max_depth):
             return self.model.name

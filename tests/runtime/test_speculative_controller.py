@@ -101,7 +101,7 @@ def test_text_that_is_never_accepted_gets_plain_steps():
             continue
         verified += 1
         small = tree.keep(selection.nodes)
-        c.record_pass(small, [0], c.costs.pass_cost(small.size), c.costs.pass_cost(small.size))
+        c.record_pass(small, [0], c.costs.pass_cost(small.size))
     assert verified < 200 / 8  # now and then only: estimates drift back and get tested again
     assert verified > 2
 
@@ -111,7 +111,7 @@ def test_text_that_starts_repeating_is_drafted_for_within_a_few_steps():
     for _ in range(60):  # prose: lookup never right
         if not c.plain_now() and (s := c.select(lookup_chain(range(1, 9)))) is not None:
             t = lookup_chain(range(1, 9)).keep(s.nodes)
-            c.record_pass(t, [0], PLAIN, PLAIN)
+            c.record_pass(t, [0], PLAIN)
         else:
             c.record_plain(PLAIN)
     first_full = None
@@ -124,7 +124,7 @@ def test_text_that_starts_repeating_is_drafted_for_within_a_few_steps():
             c.record_plain(PLAIN)
             continue
         t = lookup_chain(range(1, 16)).keep(s.nodes)
-        c.record_pass(t, list(range(t.size)), PLAIN, PLAIN)
+        c.record_pass(t, list(range(t.size)), PLAIN)
         if t.size == 16 and first_full is None:
             first_full = step
     assert first_full is not None and first_full <= MAX_PAUSE + 8
@@ -166,38 +166,62 @@ def test_a_draft_model_measured_in_a_busy_moment_drafts_again_when_the_machine_i
     assert c.draft_more("draft", 1.0, 1)  # worth 0.5 plain steps, costs 0.4
 
 
-def test_guard_pauses_speculation_that_loses_to_plain_decoding():
+def test_guard_benches_lookup_when_it_loses_to_plain_decoding():
     c = Controller(16, costs(lambda w: PLAIN), Acceptance())
     c.plain_now()
     for _ in range(8):  # passes that promised much but yielded one token for two steps' time
-        c.guard.record(1, 2 * PLAIN, c.costs.plain)
+        c.record_step(None, 1, 2 * PLAIN)
     assert c.guard.pause > 0
     paused = 0
-    while c.plain_now():
+    while c.lookup_benched():
         paused += 1
     assert 0 < paused <= MAX_PAUSE
 
 
+def test_a_draft_model_that_loses_does_not_bench_lookup_and_a_new_answer_ends_lookups_pause():
+    """Steps the draft model drafted in are its guard's alone: lookup, which costs nothing, is not
+    benched for them. Lookup's own pause ends with its answer; its backoff does not, so a probe in
+    the next answer that loses again pauses it as long as before."""
+    guards: dict = {}
+    c = Controller(16, costs(lambda w: PLAIN), Acceptance(), guards)
+    c.plain_now()
+    for _ in range(GUARD_MIN):
+        c.record_step("draft", 1, 2 * PLAIN)
+    assert guards["draft"].pause > 0 and not c.lookup_benched()
+    for _ in range(4):  # lookup loses four probes in a row: a pause of 8 steps
+        for _ in range(GUARD_MIN):
+            c.record_step(None, 1, 2 * PLAIN)
+        if c.guard.pause < 8:
+            while c.lookup_benched():
+                pass
+    assert c.guard.pause == 8 and c.lookup_benched()
+    again = Controller(16, c.costs, c.acceptance, guards)  # the next answer
+    assert not again.lookup_benched()
+    for _ in range(GUARD_MIN):
+        again.record_step(None, 1, 2 * PLAIN)
+    assert again.guard.pause == 16
+
+
 def test_a_losing_path_pauses_longer_each_time_and_across_generations():
     """Probes that keep losing double the pause up to MAX_PAUSE; a new generation (a controller over
-    the same learned state) starts from that pause, not from scratch; winning halves it again."""
+    the same learned state) keeps that backoff, not starting from scratch; winning halves it again."""
     guards: dict = {}
     c = Controller(16, costs(lambda w: PLAIN), Acceptance(), guards)
     c.plain_now()
     pauses = []
     for _ in range(10):
         for _ in range(GUARD_MIN):
-            c.guard.record(1, 2 * PLAIN, c.costs.plain)
+            c.record_step(None, 1, 2 * PLAIN)
         pauses.append(c.guard.pause)
         while c.guard.paused():
             pass
     assert pauses == sorted(pauses) and pauses[0] == 1 and pauses[-1] == MAX_PAUSE
     again = Controller(16, c.costs, c.acceptance, guards)
     for _ in range(GUARD_MIN):
-        again.guard.record(1, 2 * PLAIN, again.costs.plain)
+        again.record_step(None, 1, 2 * PLAIN)
     assert again.guard.pause == MAX_PAUSE
     for _ in range(8):
-        again.guard.record(3, PLAIN, again.costs.plain)  # three tokens for one step's time
+        again.record_step(None, 3, PLAIN)  # three tokens for one step's time
     assert again.guard.backoff < MAX_PAUSE
 
 
@@ -211,10 +235,11 @@ def test_a_draft_model_that_loses_is_benched_while_lookup_goes_on():
         c.acceptance.record("draft", 0.95, 1, True)
     assert not c.plain_now() and c.draft_more("draft", 1.0, 1, first=True)
     for _ in range(GUARD_MIN):
-        c.record_model_step("draft", 1, 1.5 * PLAIN)  # one token for 1.5 plain steps' time
+        c.record_step("draft", 1, 1.5 * PLAIN)  # one token for 1.5 plain steps' time
     asked = []
     for _ in range(PROBE_EVERY + 4):
-        assert not c.plain_now() or c.steps % 32 == 0  # speculation itself goes on
+        assert not c.plain_now() or c.steps % 32 == 0
+        assert not c.lookup_benched()  # lookup goes on
         asked.append(c.draft_more("draft", 1.0, 1, first=True))
     assert asked[0] is False and any(asked)  # benched for its pause, then probed again
     assert c.select(lookup_chain(range(1, 4))) is not None  # lookup is still verified meanwhile
