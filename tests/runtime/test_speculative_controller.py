@@ -301,7 +301,7 @@ def test_lookup_rates_start_each_answer_from_what_earlier_answers_showed():
     model = a.estimate("draft", 0.55, 1)
     a.new_text()
     assert a.estimate("lookup", 3, 1) == pytest.approx((2 * Acceptance.LOOKUP_PRIOR + 5) / 7)
-    assert a.estimate("lookup", 3, 2) == Acceptance.LOOKUP_PRIOR
+    assert a.estimate("lookup", 3, 2) == Acceptance.LOOKUP_LATER_PRIOR
     assert a.estimate("draft", 0.55, 1) == model < 0.5
     for _ in range(3):  # answers whose 2-gram chains never start right
         for _ in range(4):
@@ -350,6 +350,23 @@ def test_lookup_at_its_prior_is_verified_unmeasured():
     c = CostModel()
     c.record_plain(PLAIN)
     assert Controller(16, c, Acceptance()).select(lookup_chain([1])) is not None
+
+
+def test_text_that_copies_grows_its_lookup_chains_where_passes_cost_much():
+    """Where each node of a pass costs as much as the prior says (a CPU bound by arithmetic), an
+    answer whose lookup first tokens are all accepted verifies their later tokens too: a chain's
+    second token is worth its place before any was tested, and longer chains follow once the later
+    tokens are accepted (never testing them kept a copying answer at one token a pass)."""
+    c = Controller(16, costs(lambda w: PLAIN * (1 + PRIOR_SLOPE * (w - 1))), Acceptance())
+    for _ in range(5):
+        c.acceptance.record("lookup", 3, 1, True)
+    chain = lookup_chain(range(1, 9))
+    chain.scores[1] = 3  # the first token followed a 3-gram
+    first = c.select(chain)
+    assert first is not None and len(first.nodes) >= 3
+    for _ in range(4):
+        c.record_pass(chain, list(range(chain.size)), PLAIN)
+    assert len(c.select(chain).nodes) > len(first.nodes)
 
 
 def test_a_draft_models_recent_rate_starts_each_answer_from_its_long_run_rate():
