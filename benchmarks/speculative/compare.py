@@ -39,6 +39,7 @@ OUT = REPO / "bench-out" / "speculative"
 MODELS = ("gemma3-270m", "smollm2-135m", "qwen2.5-coder-0.5b", "qwen2.5-coder-1.5b")
 SMALL_MODELS = ("gemma3-270m", "smollm2-135m")
 DRAFTERS = ("lookup", "draft", "auto")
+GROUNDED_KIND = {"text": "grounded", "chat": "grounded-chat"}  # --grounded-as -> the rows' kind
 MTBENCH_QUESTIONS = 80
 
 
@@ -99,7 +100,7 @@ RUN = textwrap.dedent("""
 
     out = []
     for kind_of_prompt, text in prompts:
-        ids = plain.chat_prompt([{"role": "user", "content": text}]) if kind_of_prompt == "mtbench" \\
+        ids = plain.chat_prompt([{"role": "user", "content": text}]) if kind_of_prompt != "grounded" \\
             else plain.encode(text)
         row = {"kind": kind_of_prompt, "prompt_tokens": len(ids)}
         base, before = None, None
@@ -145,10 +146,14 @@ def main() -> None:
                    help="the models' GGUF files as their aliases give them, or q4_0 bundles exported once; "
                         "auto: bundles for the small models (a quarter of their GGUF files is below what a "
                         "GGUF's tokenizer alone takes), the GGUF files for the larger ones")
+    p.add_argument("--grounded-as", nargs="+", choices=["text", "chat"], default=["text"],
+                   help="how each grounded prompt is given: text the model continues (prompts 'grounded'), "
+                        "and/or a user message in the model's chat format, as an app asking for the rewrite, "
+                        "summary or copy sends it (prompts 'grounded chat')")
     p.add_argument("--no-record", action="store_true", help="print only; append nothing to benchmarks/results")
     args = p.parse_args()
     prompts = [("mtbench", q) for q in mtbench_questions(args.questions)] + \
-              [("grounded", g) for g in grounded_prompts(args.grounded)]
+              [(GROUNDED_KIND[form], g) for form in args.grounded_as for g in grounded_prompts(args.grounded)]
     OUT.mkdir(parents=True, exist_ok=True)
     run_id, command = new_run_id(), "python " + " ".join([str(Path(sys.argv[0]).relative_to(REPO))
                                                           if Path(sys.argv[0]).is_absolute() else sys.argv[0],
@@ -190,11 +195,13 @@ def summarize(result: dict, model: str, budget: str, budget_bytes: str, args, so
     common = {"run": run_id, "model": model, "budget": budget, "command": command}
     if budget_bytes != "none":
         common["budget_mb"] = round(int(budget_bytes) / 1e6)
-    for kind, name in (("mtbench", "MT-Bench"), ("grounded", "grounded")):
+    for kind, name in (("mtbench", "MT-Bench"), ("grounded", "grounded"), ("grounded-chat", "grounded chat")):
         sel = [r for r in rows if r["kind"] == kind]
+        if not sel:
+            continue
         prompts = f"{name} x{len(sel)}"
         for d in args.drafters:
-            if not sel or d not in sel[0]:
+            if d not in sel[0]:
                 why = result["notes"].get(d) or ("no draft model on this machine shares the tokenizer"
                                                  if d == "draft" else "not run")
                 print(f"| {model} | {budget} | {prompts} | {d} | - | - | - | {why[:80]} |")
