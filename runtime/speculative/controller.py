@@ -99,7 +99,10 @@ class CostModel:
 
     def pass_cost(self, width: int) -> float:
         """Seconds for a pass of `width` nodes: measured, interpolated between measured widths, or
-        extrapolated along the least-squares slope of what is measured (before that, a prior)."""
+        extrapolated along the least-squares slope of what is measured (before that, a prior), never
+        steeper than the prior's: a width priced above the prior is never verified, so never
+        measured (a 2-node pass measured in a slow moment would price every longer chain out of an
+        answer that copies its prompt)."""
         plain = self.plain or 1.0
         if width <= 1:
             return plain
@@ -113,7 +116,7 @@ class CostModel:
             return float(np.interp(width, ws, vs))
         x, y = np.asarray(ws, dtype=float), np.asarray(vs, dtype=float)
         slope = max(0.0, float(np.polyfit(x, y, 1)[0])) if len(ws) > 2 else max(0.0, (vs[-1] - vs[0]) / (ws[-1] - 1))
-        return vs[-1] + slope * (width - ws[-1])
+        return vs[-1] + min(slope, PRIOR_SLOPE * plain) * (width - ws[-1])
 
 
 class Acceptance:

@@ -48,6 +48,10 @@ def test_cost_model_interpolates_and_extrapolates_what_it_measured():
     assert c.pass_cost(8) == pytest.approx(0.016 + 4 * 0.002, rel=0.05)  # along the measured slope
     flat = costs(lambda w: PLAIN)
     assert flat.pass_cost(40) == pytest.approx(PLAIN)
+    slow = CostModel()
+    slow.record_plain(0.010)
+    slow.record_verify(2, 0.016)  # one slow moment: unmeasured widths are not priced off it
+    assert slow.pass_cost(3) == pytest.approx(0.016 + 0.010 * PRIOR_SLOPE)
 
 
 def test_selection_is_the_best_rate_and_keeps_parents():
