@@ -57,6 +57,11 @@ WIN_MARGIN = 1.1  # a guard shortens its pause only for a path this much faster 
 RUNNER_UP = "+runner-up"  # suffix of the origin of a draft model's second choice (calibrated apart)
 
 
+def prior_pass_cost(plain: float, width: int) -> float:
+    """What a pass of `width` nodes is taken to cost before one is measured (PRIOR_SLOPE)."""
+    return plain * (1 + PRIOR_SLOPE * (width - 1))
+
+
 def _average(old: float | None, new: float, weight: float = SMOOTHING) -> float:
     return new if old is None else (1 - weight) * old + weight * new
 
@@ -111,7 +116,7 @@ class CostModel:
         ws = [1] + sorted(self.verify)
         vs = [plain] + [self.verify[w] for w in ws[1:]]
         if len(ws) == 1:
-            return plain * (1 + PRIOR_SLOPE * (width - 1))
+            return prior_pass_cost(plain, width)
         if width < ws[-1]:
             return float(np.interp(width, ws, vs))
         x, y = np.asarray(ws, dtype=float), np.asarray(vs, dtype=float)
@@ -299,6 +304,10 @@ class Guard:
         elif tokens_total / seconds_total > WIN_MARGIN / plain and len(self.passes) == GUARD_PASSES:
             self.backoff = max(1, self.backoff // 2)
 
+    def resume(self) -> None:
+        """End the current pause; the backoff stays, so a probe that loses again pauses as long."""
+        self.pause = 0
+
     def paused(self) -> bool:
         """Whether the guarded path sits out this step (counts the pause down)."""
         if self.pause > 0:
@@ -320,9 +329,8 @@ class Controller:
         self.guard = self.guards.setdefault(LOOKUP, Guard())
         # Lookup rates start afresh with each answer (Acceptance.new_text), so does lookup's pause: a
         # pause earned by chat answers covered the next answer, which copied its passage, whole (no
-        # pass where lookup alone gave 1.45x). Its backoff stays, so a probe that loses again pauses
-        # lookup as long as before.
-        self.guard.pause = 0
+        # pass where lookup alone gave 1.45x).
+        self.guard.resume()
         self.steps = 0
         self.last_draft: dict[str, int] = {}  # drafter -> step it last drafted
         self.drafted: set[str] = set()  # draft models that drafted in this answer

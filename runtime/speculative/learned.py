@@ -32,7 +32,7 @@ from typing import Any
 
 import numpy as np
 from edgeflash.base.packaged_models import cache_dir
-from edgeflash.runtime.speculative.controller import PRIOR_SLOPE, Acceptance, CostModel
+from edgeflash.runtime.speculative.controller import Acceptance, CostModel, prior_pass_cost
 
 VERSION = 1
 
@@ -112,7 +112,7 @@ def restore(path: Path | None, costs: CostModel, acceptance: Acceptance) -> bool
     if any(w < 2 for w in verify):
         return False
     if plain is not None:
-        verify = {w: min(s, plain * (1 + PRIOR_SLOPE * (w - 1))) for w, s in verify.items()}
+        verify = {w: min(s, prior_pass_cost(plain, w)) for w, s in verify.items()}
     per_plain = 1.0 / (plain or 1.0)  # draft costs are kept in plain steps (CostModel)
     costs.plain, costs.verify = plain, verify
     costs.draft_share = {k: s * per_plain for k, s in draft.items()}
