@@ -23,6 +23,27 @@ struct RowsView {
   const uint8_t* panel(int64_t r) const { return base + static_cast<size_t>(r / 16 * 16) * stride; }
 };
 
+// A field of a block (or of the row header): `size` bytes at `offset`, interleaved across the 16
+// rows of a panel in lanes of `lane` bytes. In a panel the field occupies bytes
+// [16 * offset, 16 * (offset + size)) of its block column (the header's bytes come first), lane k
+// of row i at 16 * offset + (16 * k + slot(i)) * lane. With slot(i) = i, a 4-byte-lane word at byte
+// `off` of a row sits at 16 * off + 4 * i: one 64-byte vector per word of all 16 rows. `quad`
+// fields (16-byte lanes) take slot(i) = 4 (i % 4) + i / 4 instead: vector a of the field holds rows
+// a, 4 + a, 8 + a, 12 + a, one row per 128-bit lane (a per-row table lookup with a 16-byte shuffle).
+struct Field {
+  int offset, size, lane;
+  bool quad = false;
+};
+struct PanelFields {
+  int count;
+  Field f[4];
+  int header_count = 0;  // fields of the row header (offsets from the row start)
+  Field h[2] = {};
+};
+
+// The fields of format f's block and row header in the panel layout (count 0: it has none).
+PanelFields panel_fields(Format f);
+
 // Row i (0..15) of a panel (in the panel layout) back in the row layout (panels.cpp).
 void panel_row(Format f, int64_t cols, const uint8_t* panel, int i, uint8_t* row);
 

@@ -10,41 +10,7 @@
 namespace ef {
 namespace {
 
-// A field of a block (or of the row header): `size` bytes at `offset`, interleaved across the 16
-// rows of a panel in lanes of `lane` bytes. In a panel the field occupies bytes
-// [16 * offset, 16 * (offset + size)) of its block column (the header's bytes come first), lane k
-// of row i at 16 * offset + (16 * k + slot(i)) * lane. With slot(i) = i, a 4-byte-lane word at byte
-// `off` of a row sits at 16 * off + 4 * i: one 64-byte vector per word of all 16 rows. `quad`
-// fields (16-byte lanes) take slot(i) = 4 (i % 4) + i / 4 instead: vector a of the field holds rows
-// a, 4 + a, 8 + a, 12 + a, one row per 128-bit lane (a per-row table lookup with a 16-byte shuffle).
-struct Field {
-  int offset, size, lane;
-  bool quad = false;
-};
-struct PanelFields {
-  int count;
-  Field f[4];
-  int header_count = 0;  // fields of the row header (offsets from the row start)
-  Field h[2] = {};
-};
-
 inline int field_slot(const Field& fd, int i) { return fd.quad ? 4 * (i % 4) + i / 4 : i; }
-
-// Indexed by Format; count 0 = no panel layout.
-PanelFields panel_fields(Format f) {
-  switch (f) {
-    // header: scale (f32), levels (16 bytes); block: k (1 byte), 16 nibble bytes
-    case Format::q4_lut: return {2, {{0, 1, 1}, {1, 16, 16, true}}, 2, {{0, 4, 4}, {4, 16, 16, true}}};
-    case Format::q8_0: return {2, {{0, 2, 2}, {2, 32, 4}}};                    // d, qs
-    case Format::q4_0: return {2, {{0, 2, 2}, {2, 16, 4}}};                    // d, qs
-    case Format::q4_1: return {3, {{0, 2, 2}, {2, 2, 2}, {4, 16, 4}}};         // d, m, qs
-    case Format::q5_0: return {3, {{0, 2, 2}, {2, 4, 4}, {6, 16, 4}}};         // d, qh, qs
-    case Format::q4_k: return {1, {{0, 144, 4}}};                              // d|dmin, scales, qs: all words
-    case Format::q6_k: return {2, {{0, 208, 4}, {208, 2, 2}}};                 // ql, qh, scales; d
-    case Format::q3_k: return {2, {{0, 108, 4}, {108, 2, 2}}};                 // hmask, qs, scales; d
-    default: return {0, {}};
-  }
-}
 
 void check_panel_matrix(const WeightMatrix& w, const char* what) {
   if (!has_panels(w.fmt))
@@ -82,6 +48,21 @@ void move_row(Format f, int64_t cols, uint8_t* panel, int i, uint8_t* row, bool 
 }
 
 }  // namespace
+
+PanelFields panel_fields(Format f) {
+  switch (f) {
+    // header: scale (f32), levels (16 bytes); block: k (1 byte), 16 nibble bytes
+    case Format::q4_lut: return {2, {{0, 1, 1}, {1, 16, 16, true}}, 2, {{0, 4, 4}, {4, 16, 16, true}}};
+    case Format::q8_0: return {2, {{0, 2, 2}, {2, 32, 4}}};                    // d, qs
+    case Format::q4_0: return {2, {{0, 2, 2}, {2, 16, 4}}};                    // d, qs
+    case Format::q4_1: return {3, {{0, 2, 2}, {2, 2, 2}, {4, 16, 4}}};         // d, m, qs
+    case Format::q5_0: return {3, {{0, 2, 2}, {2, 4, 4}, {6, 16, 4}}};         // d, qh, qs
+    case Format::q4_k: return {1, {{0, 144, 4}}};                              // d|dmin, scales, qs: all words
+    case Format::q6_k: return {2, {{0, 208, 4}, {208, 2, 2}}};                 // ql, qh, scales; d
+    case Format::q3_k: return {2, {{0, 108, 4}, {108, 2, 2}}};                 // hmask, qs, scales; d
+    default: return {0, {}};
+  }
+}
 
 bool has_panels(Format f) { return panel_fields(f).count > 0; }
 

@@ -1,5 +1,6 @@
-// AVX2 level: quantized GEMM with maddubs (u8 x s8 -> s16 pairs) from the row layout and from
-// panels (avx2_panel.h), float GEMM, dequantization.
+// AVX2 level: quantized GEMM with maddubs (u8 x s8 -> s16 pairs) on the panel layout, and on the
+// row layout through the same arithmetic (avx2_panel.h; q4_lut rows: x86_quant.h), float GEMM,
+// dequantization.
 #include "avx2_lut_panel.h"
 #include "avx2_panel.h"
 #include "x86_float.h"
@@ -29,13 +30,13 @@ namespace ef {
 void install_avx2(KernelTable& t) {
   using namespace x86;
   const char* n = "avx2";
-  t.gemm_q8[int(Format::q8_0)].set(gemm_q8<Avx2Core, Q8_0>, n);
-  t.gemm_q8[int(Format::q4_0)].set(gemm_q8<Avx2Core, Q4_0>, n);
-  t.gemm_q8[int(Format::q4_1)].set(gemm_q8<Avx2Core, Q4_1>, n);
-  t.gemm_q8[int(Format::q5_0)].set(gemm_q8<Avx2Core, Q5_0>, n);
-  t.gemm_q8[int(Format::q4_k)].set(gemm_q8<Avx2Core, Q4_K>, n);
-  t.gemm_q8[int(Format::q6_k)].set(gemm_q8<Avx2Core, Q6_K>, n);
-  t.gemm_q8[int(Format::q3_k)].set(gemm_q8<Avx2Core, Q3_K>, n);
+  t.gemm_q8[int(Format::q8_0)].set(gemm_rows<AQ8_0>, n);
+  t.gemm_q8[int(Format::q4_0)].set(gemm_rows<AQ4_0>, n);
+  t.gemm_q8[int(Format::q4_1)].set(gemm_rows<AQ4_1>, n);
+  t.gemm_q8[int(Format::q5_0)].set(gemm_rows<AQ5_0>, n);
+  t.gemm_q8[int(Format::q4_k)].set(gemm_rows<AQ4_K>, n);
+  t.gemm_q8[int(Format::q6_k)].set(gemm_rows<AQ6_K>, n);
+  t.gemm_q8[int(Format::q3_k)].set(gemm_rows<AQ3_K>, n);
   t.gemm_q8[int(Format::q4_lut)].set(gemm_q8<Avx2Core, Q4_LUT>, n);
   t.gemm_q8_panels[int(Format::q8_0)].set(gemm_panels<AQ8_0>, n);
   t.gemm_q8_panels[int(Format::q4_0)].set(gemm_panels<AQ4_0>, n);

@@ -39,10 +39,12 @@ inline __m256i nib_lo(__m256i q) { return _mm256_and_si256(q, _mm256_set1_epi8(0
 inline __m256i nib_hi(__m256i q) { return _mm256_and_si256(_mm256_srli_epi16(q, 4), _mm256_set1_epi8(0x0F)); }
 
 // Formats: kBB, kShift (log2 of the code offset, -1 none), kCodeBits (of an unsigned code), kSigned (codes are int8: dot products
-// take |c| and the sign moved onto x, so maddubs cannot saturate), kFloatBias, kSplit;
-// unit(G, u, w, sc): the 8 code words of unit u (register j = codes 4j..4j+3 of each row).
+// take |c| and the sign moved onto x, so maddubs cannot saturate), kFloatBias, kSplit, kUnits (units a
+// block); unit(G, u, w, sc): the 8 code words of unit u (register j = codes 4j..4j+3 of each row).
 struct AQ4_0 {
   static constexpr int kBB = 18, kShift = 3, kCodeBits = 4;
+  static constexpr Format kFormat = Format::q4_0;
+  static constexpr int kUnits = 1;  // per block
   static constexpr bool kSigned = false, kFloatBias = false, kSplit = false;
   static inline void unit(const Group& G, int64_t u, __m256i w[8], UnitScales& sc) {
     const size_t at = static_cast<size_t>(u) * kBB;
@@ -57,6 +59,8 @@ struct AQ4_0 {
 
 struct AQ4_1 {
   static constexpr int kBB = 20, kShift = -1, kCodeBits = 4;
+  static constexpr Format kFormat = Format::q4_1;
+  static constexpr int kUnits = 1;  // per block
   static constexpr bool kSigned = false, kFloatBias = true, kSplit = false;
   static inline void unit(const Group& G, int64_t u, __m256i w[8], UnitScales& sc) {
     const size_t at = static_cast<size_t>(u) * kBB;
@@ -72,6 +76,8 @@ struct AQ4_1 {
 
 struct AQ5_0 {
   static constexpr int kBB = 22, kShift = 4, kCodeBits = 5;
+  static constexpr Format kFormat = Format::q5_0;
+  static constexpr int kUnits = 1;  // per block
   static constexpr bool kSigned = false, kFloatBias = false, kSplit = false;
   static inline void unit(const Group& G, int64_t u, __m256i w[8], UnitScales& sc) {
     const size_t at = static_cast<size_t>(u) * kBB;
@@ -93,6 +99,8 @@ struct AQ5_0 {
 
 struct AQ8_0 {
   static constexpr int kBB = 34, kShift = -1, kCodeBits = 8;
+  static constexpr Format kFormat = Format::q8_0;
+  static constexpr int kUnits = 1;  // per block
   static constexpr bool kSigned = true, kFloatBias = false, kSplit = false;
   static inline void unit(const Group& G, int64_t u, __m256i w[8], UnitScales& sc) {
     const size_t at = static_cast<size_t>(u) * kBB;
@@ -103,6 +111,8 @@ struct AQ8_0 {
 
 struct AQ4_K {
   static constexpr int kBB = 144, kShift = -1, kCodeBits = 4;
+  static constexpr Format kFormat = Format::q4_k;
+  static constexpr int kUnits = 8;  // per block
   static constexpr bool kSigned = false, kFloatBias = true, kSplit = false;
   static inline void unit(const Group& G, int64_t u, __m256i w[8], UnitScales& sc) {
     const size_t at = static_cast<size_t>(u / 8) * kBB;
@@ -137,6 +147,8 @@ struct AQ4_K {
 
 struct AQ6_K {
   static constexpr int kBB = 210, kShift = 5, kCodeBits = 6;
+  static constexpr Format kFormat = Format::q6_k;
+  static constexpr int kUnits = 8;  // per block
   static constexpr bool kSigned = false, kFloatBias = false, kSplit = true;
   static inline void unit(const Group& G, int64_t u, __m256i w[8], UnitScales& sc) {
     const size_t at = static_cast<size_t>(u / 8) * kBB;
@@ -168,6 +180,8 @@ struct AQ6_K {
 // are bytes 8 + 2 (j % 2), + 1.
 struct AQ3_K {
   static constexpr int kBB = 110, kShift = 2, kCodeBits = 3;
+  static constexpr Format kFormat = Format::q3_k;
+  static constexpr int kUnits = 8;  // per block
   static constexpr bool kSigned = false, kFloatBias = false, kSplit = true;
   static inline void unit(const Group& G, int64_t u, __m256i w[8], UnitScales& sc) {
     const size_t at = static_cast<size_t>(u / 8) * kBB;
@@ -298,21 +312,116 @@ inline __m256 add_unit(__m256 acc, const __m256i w[8], const UnitScales& sc, con
   }
 }
 
-template <class F, int NT>
-void group_tile(const Group& G, int64_t nu, const Tokens<NT>& tk, float* y, int64_t t0, int64_t ldy, int valid,
-                const uint8_t* prefetch, size_t slice) {
+// Where a row group's units come from. PanelUnits: a panel-layout matrix, read in place, with the
+// next panel's bytes requested meanwhile. RowUnits: 8 rows of the row layout (streamed weights, a
+// head's shortlist rows): each block of the 8 rows is first transposed into the panel layout, in a
+// buffer of one block column, and decoded from there by the same unit decoders. So every output
+// takes exactly the steps it takes from panels: a matrix gives the same floats in either layout (a
+// streamed layer equals a resident one), and rows keep the panels' decode-once speed for batches.
+template <class F>
+struct PanelUnits {
+  Group G;
+  const uint8_t* prefetch;  // the next panel (null: none)
+  size_t slice;
+  inline void unit(int64_t u, __m256i w[8], UnitScales& sc) {
+    prefetch_slice(prefetch, u, slice);
+    F::unit(G, u, w, sc);
+  }
+  void drop_prefetch() { prefetch = nullptr; }
+};
+
+// 8 rows x 8 consecutive 4-byte words from byte `off` of each row, transposed: register k holds
+// word k of the 8 rows (lane i = row i), stored at dst + 64 k (group 0 of a panel's word vectors).
+inline void transpose_words8(const uint8_t* const* rows, size_t off, uint8_t* dst) {
+  __m256i r[8], t[8], u[8];
+  for (int i = 0; i < 8; ++i) r[i] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(rows[i] + off));
+  for (int i = 0; i < 8; i += 2) {
+    t[i] = _mm256_unpacklo_epi32(r[i], r[i + 1]);  // words 0, 1 | 4, 5 of rows i, i + 1
+    t[i + 1] = _mm256_unpackhi_epi32(r[i], r[i + 1]);  // words 2, 3 | 6, 7
+  }
+  for (int h = 0; h < 8; h += 4) {  // rows h..h+3
+    u[h] = _mm256_unpacklo_epi64(t[h], t[h + 2]);      // word 0 | 4
+    u[h + 1] = _mm256_unpackhi_epi64(t[h], t[h + 2]);  // word 1 | 5
+    u[h + 2] = _mm256_unpacklo_epi64(t[h + 1], t[h + 3]);  // word 2 | 6
+    u[h + 3] = _mm256_unpackhi_epi64(t[h + 1], t[h + 3]);  // word 3 | 7
+  }
+  for (int k = 0; k < 4; ++k) {
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst + 64 * k), _mm256_permute2x128_si256(u[k], u[4 + k], 0x20));
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst + 64 * (k + 4)), _mm256_permute2x128_si256(u[k], u[4 + k], 0x31));
+  }
+}
+
+// The same for 4 words (16 bytes a row).
+inline void transpose_words4(const uint8_t* const* rows, size_t off, uint8_t* dst) {
+  __m256i r[4];
+  for (int i = 0; i < 4; ++i)  // rows i and 4 + i, one per 128-bit lane
+    r[i] = _mm256_inserti128_si256(
+        _mm256_castsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(rows[i] + off))),
+        _mm_loadu_si128(reinterpret_cast<const __m128i*>(rows[4 + i] + off)), 1);
+  const __m256i t0 = _mm256_unpacklo_epi32(r[0], r[1]), t1 = _mm256_unpackhi_epi32(r[0], r[1]);
+  const __m256i t2 = _mm256_unpacklo_epi32(r[2], r[3]), t3 = _mm256_unpackhi_epi32(r[2], r[3]);
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst), _mm256_unpacklo_epi64(t0, t2));
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst + 64), _mm256_unpackhi_epi64(t0, t2));
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst + 128), _mm256_unpacklo_epi64(t1, t3));
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst + 192), _mm256_unpackhi_epi64(t1, t3));
+}
+
+constexpr size_t kRowAhead = 512;
+
+template <class F>
+struct RowUnits {
+  const uint8_t* rows[kGroupRows];  // lanes past the last valid row repeat row 0 (never stored)
+  PanelFields fields;
+  int64_t block = -1;  // the block now in buf
+  size_t requested = 0;  // row bytes requested into the cache so far
+  alignas(32) uint8_t buf[kPanelRows * F::kBB + 32];
+
+  RowUnits(const RowsView& w, int64_t r, int valid) : fields(panel_fields(F::kFormat)) {
+    for (int i = 0; i < kGroupRows; ++i) rows[i] = w.row(i < valid ? r + i : r);
+  }
+  // Block b of the 8 rows into buf, field by field, as group 0 of a panel's block column.
+  void load_block(int64_t b) {
+    const size_t at = static_cast<size_t>(b) * F::kBB;
+    // 8 row streams defeat the hardware prefetcher: request each row's line kRowAhead bytes on.
+    for (; requested < at + kRowAhead; requested += 64)
+      for (int i = 0; i < kGroupRows; ++i) _mm_prefetch(reinterpret_cast<const char*>(rows[i] + requested), _MM_HINT_T0);
+    for (int k = 0; k < fields.count; ++k) {
+      const Field& fd = fields.f[k];
+      uint8_t* dst = buf + kPanelRows * fd.offset;
+      const size_t src = at + fd.offset;
+      int l = 0;
+      const int lanes = fd.size / fd.lane;
+      if (fd.lane == 4) {
+        for (; l + 8 <= lanes; l += 8) transpose_words8(rows, src + 4 * l, dst + 64 * l);
+        if (l + 4 <= lanes) transpose_words4(rows, src + 4 * l, dst + 64 * l), l += 4;
+      }
+      for (; l < lanes; ++l)
+        for (int i = 0; i < kGroupRows; ++i)
+          std::memcpy(dst + (kPanelRows * l + i) * fd.lane, rows[i] + src + l * fd.lane, fd.lane);
+    }
+    block = b;
+  }
+  inline void unit(int64_t u, __m256i w[8], UnitScales& sc) {
+    if (u / F::kUnits != block) load_block(u / F::kUnits);
+    F::unit(Group{buf, 0}, u % F::kUnits, w, sc);
+  }
+  void drop_prefetch() {}
+};
+
+// One row group (outputs at yg: token t's at yg + t * ldy) for NT tokens in register tiles.
+template <class F, int NT, class Units>
+void group_tile(Units& src, int64_t nu, const Tokens<NT>& tk, float* yg, int64_t t0, int64_t ldy, int valid) {
   __m256 acc[NT];
   for (int t = 0; t < NT; ++t) acc[t] = _mm256_setzero_ps();
   for (int64_t u = 0; u < nu; ++u) {
-    prefetch_slice(prefetch, u, slice);
     __m256i w[8];
     UnitScales sc;
-    F::unit(G, u, w, sc);
+    src.unit(u, w, sc);
     for (int t = 0; t < NT; ++t)
       acc[t] = add_unit<F>(acc[t], w, sc, tk.q[t] + 32 * u, tk.d[t][u], tk.ns[t] + (F::kSplit ? 2 : 1) * u,
                            tk.s32[t] + u);
   }
-  for (int t = 0; t < NT; ++t) store_group(acc[t], y + (t0 + t) * ldy + kGroupRows * G.g, valid);
+  for (int t = 0; t < NT; ++t) store_group(acc[t], yg + (t0 + t) * ldy, valid);
 }
 
 // Tokens [t0, t1) (at most kManyTokens) of one row group: each unit is decoded once for all of them,
@@ -320,18 +429,16 @@ void group_tile(const Group& G, int64_t nu, const Tokens<NT>& tk, float* y, int6
 // per token they take the same add_unit steps as in group_tile, so both give the same bits.
 constexpr int kManyTokens = 32;
 
-template <class F>
-void group_many(const Group& G, int64_t nu, const Q8View& x, int64_t t0, int64_t t1, float* y, int64_t ldy,
-                int valid, const uint8_t* prefetch, size_t slice) {
+template <class F, class Units>
+void group_many(Units& src, int64_t nu, const Q8View& x, int64_t t0, int64_t t1, float* yg, int64_t ldy, int valid) {
   const int n = static_cast<int>(t1 - t0);
   const int64_t cols = x.cols, blocks = cols / 32;
   alignas(32) float acc[kManyTokens * kGroupRows];
   for (int t = 0; t < n; ++t) _mm256_store_ps(acc + kGroupRows * t, _mm256_setzero_ps());
   for (int64_t u = 0; u < nu; ++u) {
-    prefetch_slice(prefetch, u, slice);
     __m256i w[8];
     UnitScales sc;
-    F::unit(G, u, w, sc);
+    src.unit(u, w, sc);
     for (int t = 0; t < n; ++t) {
       const int64_t row = t0 + t;
       const int32_t* ns = F::kSplit ? x.ns16 + row * (cols / 16) + 2 * u : x.ns32 + row * blocks + u;
@@ -340,30 +447,48 @@ void group_many(const Group& G, int64_t nu, const Q8View& x, int64_t t0, int64_t
       _mm256_store_ps(acc + kGroupRows * t, a);
     }
   }
-  for (int t = 0; t < n; ++t)
-    store_group(_mm256_load_ps(acc + kGroupRows * t), y + (t0 + t) * ldy + kGroupRows * G.g, valid);
+  for (int t = 0; t < n; ++t) store_group(_mm256_load_ps(acc + kGroupRows * t), yg + (t0 + t) * ldy, valid);
 }
 
-// Up to 4 tokens in register tiles; more (a verification pass, a prompt) with each unit decoded
-// once per kManyTokens.
+// Every token of one row group: up to 4 in register tiles; more (a verification pass, a prompt)
+// with each unit decoded once per kManyTokens. Only the first tile requests the next panel.
+template <class F, class Units>
+void group_all_tokens(Units& src, int64_t nu, const Q8View& x, int64_t t0, int64_t t1, float* yg, int64_t ldy,
+                      int valid) {
+  if (t1 - t0 > 4) {
+    for (int64_t t = t0; t < t1; t += kManyTokens, src.drop_prefetch())
+      group_many<F>(src, nu, x, t, std::min(t1, t + kManyTokens), yg, ldy, valid);
+    return;
+  }
+  for (int64_t t = t0; t < t1; t += 4, src.drop_prefetch()) {
+    switch (std::min<int64_t>(4, t1 - t)) {
+      case 1: group_tile<F, 1>(src, nu, Tokens<1>(x, t, F::kSplit), yg, t, ldy, valid); break;
+      case 2: group_tile<F, 2>(src, nu, Tokens<2>(x, t, F::kSplit), yg, t, ldy, valid); break;
+      case 3: group_tile<F, 3>(src, nu, Tokens<3>(x, t, F::kSplit), yg, t, ldy, valid); break;
+      default: group_tile<F, 4>(src, nu, Tokens<4>(x, t, F::kSplit), yg, t, ldy, valid); break;
+    }
+  }
+}
+
 template <class F>
 void gemm_panels(const RowsView& w, int64_t r0, int64_t r1, const Q8View& x, int64_t t0, int64_t t1, float* y,
                  int64_t ldy) {
-  const int64_t nu = w.cols / 32;
-  if (t1 - t0 > 4) {
-    for_each_group<kGroupRows>(w, r0, r1, kPanelPrefetch, y,
-                               [&](const uint8_t* panel, int g, float* yp, int gv, const uint8_t* pf, size_t slice) {
-      for (int64_t t = t0; t < t1; t += kManyTokens, pf = nullptr)
-        group_many<F>(Group{panel, g}, nu, x, t, std::min(t1, t + kManyTokens), yp, ldy, gv, pf, slice);
-    });
-    return;
+  for_each_group<kGroupRows>(w, r0, r1, kPanelPrefetch, y,
+                             [&](const uint8_t* panel, int g, float* yp, int gv, const uint8_t* pf, size_t slice) {
+    PanelUnits<F> src{Group{panel, g}, pf, slice};
+    group_all_tokens<F>(src, w.cols / 32, x, t0, t1, yp + kGroupRows * g, ldy, gv);
+  });
+}
+
+// The row layout in groups of 8 rows from r0 (any row; the last group may be partial).
+template <class F>
+void gemm_rows(const RowsView& w, int64_t r0, int64_t r1, const Q8View& x, int64_t t0, int64_t t1, float* y,
+               int64_t ldy) {
+  for (int64_t r = r0; r < r1; r += kGroupRows) {
+    const int valid = static_cast<int>(std::min<int64_t>(kGroupRows, r1 - r));
+    RowUnits<F> src(w, r, valid);
+    group_all_tokens<F>(src, w.cols / 32, x, t0, t1, y + (r - r0), ldy, valid);
   }
-  const auto tile = [&](auto nt, const uint8_t* panel, int g, int64_t t, float* yp, int gv, const uint8_t* pf,
-                        size_t slice) {
-    constexpr int NT = decltype(nt)::value;
-    group_tile<F, NT>(Group{panel, g}, nu, Tokens<NT>(x, t, F::kSplit), yp, t, ldy, gv, pf, slice);
-  };
-  for_each_group_tile<kGroupRows>(w, r0, r1, t0, t1, kPanelPrefetch, y, tile);
 }
 
 }  // namespace
