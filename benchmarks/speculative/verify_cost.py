@@ -4,10 +4,12 @@ product, and past a few rows the products are bound by arithmetic, not by readin
 
     python benchmarks/speculative/verify_cost.py                          # Qwen2.5-Coder-1.5B, q8x2 and q8
     python benchmarks/speculative/verify_cost.py --model qwen2.5-coder-0.5b --widths 2 4 8 --record
+    python benchmarks/speculative/verify_cost.py --budget 0.25 --activations q8x2   # weights streamed
 
 A chain of `w` nodes is verified the way the speculative decoder does it (`forward_tree`, greedy
 argmax only) after 64 cached tokens; widths and activation modes take turns round by round, so a
-slow moment of a shared machine hits them alike. `--record` appends to
+slow moment of a shared machine hits them alike. With `--budget F` the model runs under a memory
+budget of F times its file, so the pass and the plain step both read what the budget streams. `--record` appends to
 benchmarks/results/speculative.jsonl (metric verify_cost_ratio, one record per width).
 """
 
@@ -20,6 +22,7 @@ import time
 from pathlib import Path
 
 import edgeflash as ef
+from edgeflash.base.models import resolve_model
 from edgeflash.kernels import current_isa
 from edgeflash.runtime.speculative.tree import DraftTree
 
@@ -45,16 +48,25 @@ def pass_seconds(engine, ids: list[int], width: int) -> float:
     return time.perf_counter() - start
 
 
+def file_bytes(path: Path) -> int:
+    """A model's size on disk: a GGUF file, or every file of a bundle folder."""
+    return sum(f.stat().st_size for f in path.rglob("*") if f.is_file()) if path.is_dir() else path.stat().st_size
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--model", default="qwen2.5-coder-1.5b")
     p.add_argument("--activations", nargs="+", default=["q8x2", "q8"], choices=["q8x2", "q8"])
     p.add_argument("--widths", nargs="+", type=int, default=[2, 3, 4, 5, 6, 8, 12, 16])
     p.add_argument("--rounds", type=int, default=7)
+    p.add_argument("--budget", type=float, default=None, metavar="F",
+                   help="run under a memory budget of F times the model file (e.g. 0.25); default: none")
     p.add_argument("--record", action="store_true")
     args = p.parse_args()
 
-    models = {a: ef.load(args.model, kv_cache="q8_0", context_length=1024, activations=a) for a in args.activations}
+    budget = None if args.budget is None else int(args.budget * file_bytes(resolve_model(args.model)))
+    models = {a: ef.load(args.model, kv_cache="q8_0", context_length=1024, activations=a, memory_budget=budget)
+              for a in args.activations}
     ids = models[args.activations[0]].encode(TEXT)
     if len(ids) < CACHED + max(args.widths):
         raise SystemExit(f"the sample text gives {len(ids)} tokens, fewer than {CACHED + max(args.widths)}")
@@ -69,7 +81,8 @@ def main() -> int:
             for w in widths:
                 times[a, w].append(pass_seconds(m.engine, ids, w))
 
-    print(f"{args.model}: a pass of w chain nodes over a plain step, median of {args.rounds} rounds")
+    where = "no budget" if budget is None else f"a budget of {args.budget:g} of the file ({budget / 2**20:.0f} MiB)"
+    print(f"{args.model}, {where}: a pass of w chain nodes over a plain step, median of {args.rounds} rounds")
     print("| activations | plain step ms | " + " | ".join(f"w={w}" for w in widths[1:]) + " |")
     print("|---|---|" + "---|" * (len(widths) - 1))
     run, records = new_run_id(), []
@@ -78,7 +91,8 @@ def main() -> int:
         plain = statistics.median(times[a, 1])
         ratios = {w: statistics.median(times[a, w]) / plain for w in widths[1:]}
         print(f"| {a} | {plain * 1e3:.1f} | " + " | ".join(f"{r:.2f}" for r in ratios.values()) + " |")
-        records += [{"run": run, "model": args.model, "config": f"{a} activations, width {w}",
+        at = "" if budget is None else f", budget {args.budget:g}"
+        records += [{"run": run, "model": args.model, "config": f"{a} activations{at}, width {w}",
                      "metric": "verify_cost_ratio", "value": round(r, 3), "unit": "x", "rounds": args.rounds,
                      "command": command.strip(),
                      "notes": f"plain step {plain * 1e3:.1f} ms, {current_isa()} kernels"}
