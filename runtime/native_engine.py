@@ -130,10 +130,13 @@ class NativeEngine:
 
     # -- weights ------------------------------------------------------------------------------------
 
-    def set_tensors(self, t: dict[str, Tensor], *, panels: bool = False, head: bool = True) -> None:
+    def set_tensors(self, t: dict[str, Tensor], *, panels: bool = False, head: bool = True,
+                    in_place: bool = False) -> None:
         """Hand the native engine every tensor present in `t` (a budgeted run leaves streamed ones out).
         With `panels`, matrices the kernels run faster from the panel layout are copied into it, and
         the pages of the file they were read from are dropped (the embedding rows stay in place).
+        With `in_place` too, the layer matrices' own buffers (this process's writable memory, shared
+        with nothing) are laid out in panels instead of copied: their bytes are then panels, not rows.
         Without `head`, the caller installs a head of its own (a draft model's shortlist): a tied
         embedding then stays an embedding, not also laid out as a head nobody reads."""
         native = self._engine
@@ -142,7 +145,9 @@ class NativeEngine:
             native.set_embedding(*self._matrix(t["token_embd.weight"], rows_only=rows_only))
         head_tensor = t.get("output.weight") if not self.spec.tied_embeddings else t.get("token_embd.weight")
         if head and head_tensor is not None:
-            native.set_head(*self._matrix(head_tensor), panels=panels, drop_source=_file_backed(head_tensor.raw))
+            # in place or not, a head is laid out only by a copy (in place, it stays in rows)
+            native.set_head(*self._matrix(head_tensor), panels=panels and not in_place,
+                            drop_source=_file_backed(head_tensor.raw))
         if "output_norm.weight" in t:
             native.set_output_norm(self._vector(t["output_norm.weight"]))
         for layer in range(self.spec.n_layers):
@@ -152,8 +157,10 @@ class NativeEngine:
                     continue
                 if slot in MATRIX_SLOTS:
                     w = t[prefix + tensor]
-                    native.set_matrix(layer, slot, *self._matrix(w), getattr(w, "stride", 0), panels=panels,
-                                      drop_source=_file_backed(w.raw))
+                    raw, fmt, rows, cols = self._matrix(w)
+                    own = in_place and raw.flags.writeable and _file_map(raw) is None
+                    native.set_matrix(layer, slot, raw, fmt, rows, cols, getattr(w, "stride", 0), panels=panels,
+                                      drop_source=_file_backed(w.raw), in_place=own)
                 else:
                     native.set_vector(layer, slot, self._vector(t[prefix + tensor]))
             if panels:  # what the layer's faults mapped besides the pages read: back to the file
@@ -287,7 +294,8 @@ class NativeEngine:
         out = {"engine": self.name, "threads": self.threads, "activations": self.activations,
                "weight_bytes": self.weight_bytes, "kv_cache_bytes": mem.kv_cache, "kv_cache_format": self.kv_format,
                "activation_bytes": mem.activations + self._last_logits.nbytes,
-               "laid_out_bytes": self._engine.laid_out_bytes}
+               "laid_out_bytes": self._engine.laid_out_bytes,
+               "laid_out_in_place_bytes": self._engine.laid_out_in_place_bytes}
         reader = self._engine.reader_stats()
         if reader is not None:  # cumulative since loading; a generation reports its own share
             out.update({"flash_bytes_read": reader.bytes_read, "io_wait_s": round(reader.wait_s, 6)})

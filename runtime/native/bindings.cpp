@@ -13,6 +13,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cstring>
 #include <memory>
 #include <string>
 
@@ -82,9 +83,11 @@ class PyEngine {
   // faster from the panel layout is copied into it now (the copy is the engine's; `raw` is not
   // kept); *packed says whether it was. With `drop_source` (raw is a read-only file mapping), the
   // file's pages are dropped from this process slice by slice as they are copied, so a matrix is
-  // never resident twice, not even while it is being laid out.
+  // never resident twice, not even while it is being laid out. With `in_place` (raw is this
+  // process's own writable memory, read from flash and shared with nothing), a matrix of whole
+  // panels is laid out in raw itself, through a small scratch: no second copy, not even briefly.
   WeightMatrix matrix(const In& raw, const std::string& fmt, int64_t rows, int64_t cols, size_t stride = 0,
-                      bool panels = false, bool* packed = nullptr, bool drop_source = false) {
+                      bool panels = false, bool* packed = nullptr, bool drop_source = false, bool in_place = false) {
     const Format f = fmt_of(fmt);
     const size_t rb = row_bytes(f, cols);
     if (stride && stride < rb)
@@ -96,7 +99,25 @@ class PyEngine {
                         " rows of " + fmt + " x " + std::to_string(cols) + " need " + std::to_string(need));
     const WeightMatrix w{bytes(raw, "weights"), need, f, rows, cols, stride};
     if (packed) *packed = false;
-    if (panels && !stride && prefers_panels(f)) {
+    if (panels && !stride && prefers_panels(f) && in_place && rows % kPanelRows == 0) {
+      uint8_t* data = const_cast<uint8_t*>(w.data);
+      {
+        nb::gil_scoped_release release;
+        const int64_t slice = std::max<int64_t>(kPanelRows, static_cast<int64_t>((1u << 20) / rb) / kPanelRows * kPanelRows);
+        memory::AlignedBuffer scratch(static_cast<size_t>(std::min(slice, rows)) * rb);
+        for (int64_t r0 = 0; r0 < rows; r0 += slice) {  // a slice's panels take exactly its rows' bytes
+          const int64_t n = std::min(slice, rows - r0);
+          std::memcpy(scratch.data(), data + r0 * rb, static_cast<size_t>(n) * rb);
+          pack_panels(WeightMatrix{scratch.data(), static_cast<size_t>(n) * rb, f, n, cols, 0}, data + r0 * rb,
+                      panel_bytes(f, n, cols));
+        }
+      }
+      keep_.push_back(raw);
+      laid_out_in_place_ += need;
+      if (packed) *packed = true;
+      return WeightMatrix{w.data, need, f, rows, cols, 0, Layout::panels};
+    }
+    if (panels && !stride && prefers_panels(f) && !in_place) {
       memory::AlignedBuffer buf(panel_bytes(f, rows, cols));
       {
         nb::gil_scoped_release release;
@@ -148,7 +169,7 @@ class PyEngine {
   }
 
   bool set_matrix(int64_t layer, const std::string& name, const In& raw, const std::string& fmt, int64_t rows,
-                  int64_t cols, size_t stride, bool panels, bool drop_source) {
+                  int64_t cols, size_t stride, bool panels, bool drop_source, bool in_place) {
     const Slot slot = slot_named(name);
     if (!is_matrix(slot)) throw KernelError("'" + name + "' is a vector, not a matrix");
     if ((slot == Slot::ffn_arena) != (stride > 0))
@@ -156,8 +177,8 @@ class PyEngine {
     const auto [want_rows, want_cols] = slot_dims(shape(), slot);
     check_dims(rows, want_rows, cols, want_cols, name);
     bool packed = false;
-    layer_at(layer).matrix(slot) = matrix(raw, fmt, rows, cols, stride, panels, &packed, drop_source);
-    if (slot == Slot::ffn_arena && panels && prefers_panels(fmt_of(fmt)))
+    layer_at(layer).matrix(slot) = matrix(raw, fmt, rows, cols, stride, panels, &packed, drop_source, in_place);
+    if (slot == Slot::ffn_arena && panels && !in_place && prefers_panels(fmt_of(fmt)))
       packed = lay_out_arena(layer, layer_at(layer).ffn_arena, drop_source);
     return packed;
   }
@@ -352,6 +373,7 @@ class PyEngine {
     for (const auto& b : panels_) total += b.size();
     return total;
   }
+  size_t laid_out_in_place_bytes() const { return laid_out_in_place_; }  // matrices laid out where they were read
   void set_profiling(bool on) { engine_->set_profiling(on); }
 
  private:
@@ -372,6 +394,7 @@ class PyEngine {
   std::unique_ptr<Engine> engine_;  // declared last: destroyed first, before what it reads
   std::vector<In> keep_;  // every array the engine reads stays alive with it
   std::vector<memory::AlignedBuffer> panels_;  // matrices laid out in panels at load
+  size_t laid_out_in_place_ = 0;  // bytes of matrices laid out in panels in their own buffers
 };
 
 const char* act_mode_name(ActMode a) { return a == ActMode::q8 ? "q8" : a == ActMode::q8x2 ? "q8x2" : "f32"; }
@@ -443,10 +466,12 @@ void bind_engine(nb::module_& m) {
       .def("set_head_shortlist", &PyEngine::set_head_shortlist)
       .def("set_matrix", &PyEngine::set_matrix, nb::arg("layer"), nb::arg("name"), nb::arg("raw"), nb::arg("fmt"),
            nb::arg("rows"), nb::arg("cols"), nb::arg("stride") = 0, nb::arg("panels") = false,
-           nb::arg("drop_source") = false,
+           nb::arg("drop_source") = false, nb::arg("in_place") = false,
            "Set a layer matrix; stride > 0 only for an FFN arena (bytes from one neuron bundle to the next); "
-           "with panels, lay it out for the kernels now (returns whether it was copied); with drop_source "
-           "(raw is a read-only file mapping), its pages are dropped as they are copied.")
+           "with panels, lay it out for the kernels now (returns whether it was); with drop_source "
+           "(raw is a read-only file mapping), its pages are dropped as they are copied; with in_place "
+           "(raw is writable memory of this process, shared with nothing), a matrix of whole panels is "
+           "laid out in raw itself (raw's bytes are then panels).")
       .def("set_vector", &PyEngine::set_vector)
       .def("share_layers", &PyEngine::share_layers, nb::arg("target"), nb::arg("layers"), nb::keep_alive<1, 2>(),
            "Run layers [0, layers) on the target engine's own layer weights (kept alive with this engine).")
@@ -473,6 +498,7 @@ void bind_engine(nb::module_& m) {
       .def_prop_ro("neuron_cache_bytes", &PyEngine::neuron_cache_bytes)
       .def_prop_ro("committed", &PyEngine::committed)
       .def_prop_ro("laid_out_bytes", &PyEngine::laid_out_bytes)
+      .def_prop_ro("laid_out_in_place_bytes", &PyEngine::laid_out_in_place_bytes)
       .def("memory", &PyEngine::memory);
 }
 

@@ -198,7 +198,7 @@ def budgeted_draft_weights(draft: ModelSource, target: ModelSource, context: int
     fixed = {"draft_head": head_bytes(head, DEFAULT_DRAFT_SHORTLIST, context_rows(context)) + ROW_READ_BYTES,
              "draft_metadata": opening_bytes(draft.path, target)}
     return BudgetedWeights(draft, budget=budget, options=draft_options(draft, context, kv_format, True),
-                           fixed_costs=fixed, full_head=False)
+                           fixed_costs=fixed, full_head=False, panels=True)
 
 
 def model_drafter(path: str | Path, target: NativeEngine, shortlist: int | None = None,

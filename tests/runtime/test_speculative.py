@@ -119,6 +119,39 @@ def test_a_draft_model_lays_out_its_layers_but_not_a_head_it_never_reads(smol_bu
     assert 0 < drafter.engine.stats()["laid_out_bytes"] <= layer_bytes
 
 
+def test_a_budgeted_draft_model_lays_out_its_resident_layers_in_place(smol_bundle, smollm_path):
+    """Under a budget a draft model's resident layer matrices are laid out in panels in the buffers
+    they were read into (the kernels run a token 2-3x faster from panels than from rows), with no
+    copy: no more memory than rows, and the same logits as the same plan kept in rows."""
+    from edgeflash.kernels import current_isa
+    from edgeflash.runtime.native_engine import NativeEngine
+    from edgeflash.runtime.speculative import draft_model as dm
+
+    m = ef.load(smol_bundle)
+    source = dm.open_budgeted_draft_model(smollm_path, m.source)
+    budget = 1 << 30  # every layer resident
+    weights = dm.budgeted_draft_weights(source, m.source, m.engine.context_length, m.engine.kv_format, budget)
+    options = dm.draft_options(source, m.engine.context_length, m.engine.kv_format, True)
+    laid_out = NativeEngine(source, weights=weights, options=options)
+    stats = laid_out.stats()
+    # llama's q and k rows, reordered when the GGUF was opened, are the source's own: kept in rows
+    pinned = set(source.info.get("rewritten_tensors", []))
+    read = {n: t.nbytes for n, t in source.tensors.items() if n.startswith("blk.") and len(t.shape) > 1}
+    assert stats["laid_out_bytes"] == 0  # nothing copied
+    assert stats["laid_out_in_place_bytes"] == sum(b for n, b in read.items() if n not in pinned) > 0
+    assert {n for n in weights.resident_tensors if n in read} == pinned
+    rows_weights = dm.budgeted_draft_weights(source, m.source, m.engine.context_length, m.engine.kv_format, budget)
+    rows_weights.panels = False
+    in_rows = NativeEngine(source, weights=rows_weights, options=options)
+    assert in_rows.stats()["laid_out_in_place_bytes"] == 0
+    ids = m.encode(STORY)[:24]
+    a, b = laid_out.forward(ids), in_rows.forward(ids)
+    if current_isa() in ("avx2", "avx512"):  # the x86 kernels give rows and panels the same floats
+        assert np.array_equal(a, b)
+    else:
+        np.testing.assert_allclose(a, b, rtol=1e-3, atol=1e-3)
+
+
 def test_draft_head_rows_are_the_draft_models_and_take_in_the_context(smollm_path):
     from edgeflash.runtime.sources import open_model
     from edgeflash.runtime.speculative.draft_head import DraftHead, shortlist_ids
