@@ -102,19 +102,31 @@ class CostModel:
         share = self.catch_up_share.get(drafter)
         return None if share is None else share * (self.plain or 1.0)
 
+    def measured(self) -> dict[int, float]:
+        """The measured pass costs, each at most what any wider measured pass costs: fewer nodes
+        never cost more (the same weights, fewer rows), and a width measured dear in a slow moment
+        is not verified, so not measured, again. Kept as measured, a 4-node pass at 1.16 s beside
+        0.91 s for 7 nodes (25% budget) stopped every draft at 2 tokens, over later runs too."""
+        out, cheapest = {}, float("inf")
+        for w in sorted(self.verify, reverse=True):
+            cheapest = min(cheapest, self.verify[w])
+            out[w] = cheapest
+        return out
+
     def pass_cost(self, width: int) -> float:
-        """Seconds for a pass of `width` nodes: measured, interpolated between measured widths, or
-        extrapolated along the least-squares slope of what is measured (before that, a prior), never
-        steeper than the prior's: a width priced above the prior is never verified, so never
-        measured (a 2-node pass measured in a slow moment would price every longer chain out of an
-        answer that copies its prompt)."""
+        """Seconds for a pass of `width` nodes: measured (measured()), interpolated between measured
+        widths, or extrapolated along the least-squares slope of what is measured (before that, a
+        prior), never steeper than the prior's: a width priced above the prior is never verified, so
+        never measured (a 2-node pass measured in a slow moment would price every longer chain out
+        of an answer that copies its prompt)."""
         plain = self.plain or 1.0
         if width <= 1:
             return plain
-        if width in self.verify:
-            return self.verify[width]
-        ws = [1] + sorted(self.verify)
-        vs = [plain] + [self.verify[w] for w in ws[1:]]
+        verify = self.measured()
+        if width in verify:
+            return verify[width]
+        ws = [1] + sorted(verify)
+        vs = [plain] + [verify[w] for w in ws[1:]]
         if len(ws) == 1:
             return prior_pass_cost(plain, width)
         if width < ws[-1]:

@@ -54,6 +54,21 @@ def test_cost_model_interpolates_and_extrapolates_what_it_measured():
     assert slow.pass_cost(3) == pytest.approx(0.016 + 0.010 * PRIOR_SLOPE)
 
 
+def test_a_pass_never_costs_more_than_a_wider_one_measured():
+    """A width measured dear in a slow moment is priced at most what a wider pass measured, so the
+    draft that would verify it is not stopped short of it for good."""
+    c = CostModel()
+    c.record_plain(0.70)
+    for w, s in {2: 0.76, 3: 0.74, 4: 1.16, 6: 1.00, 7: 0.91, 8: 1.11}.items():
+        c.record_verify(w, s)
+    assert c.pass_cost(4) == pytest.approx(0.91)
+    assert c.pass_cost(5) == pytest.approx(0.91)
+    assert c.pass_cost(2) == pytest.approx(0.74)
+    assert c.pass_cost(8) == pytest.approx(1.11)
+    assert c.verify[4] == pytest.approx(1.16)  # what was measured is kept as it was
+    assert c.pass_cost(4) - c.pass_cost(3) < 0.25 < 1.16 - 0.74  # a third drafted token is not priced 0.42 s
+
+
 def test_selection_is_the_best_rate_and_keeps_parents():
     """With every estimate known, the chosen subtree has the best expected tokens per second of
     all parent-closed subtrees (checked exhaustively on a small tree)."""
