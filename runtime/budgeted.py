@@ -73,9 +73,9 @@ class BudgetedWeights:
         `full_head` False: the head is neither kept nor streamed; the caller gives the engine one of
         its own after `install` (a draft model's shortlist head, counted in `fixed_costs`).
         `panels`: resident layer matrices are laid out in panels where they were read (no copy), for
-        faster products (q4_0 at AVX2: a token in a third of the time from rows); nothing can then
-        share them as rows (a self-drafter), so only a draft model asks for it (not with sparsity or
-        a head shortlist)."""
+        faster products (q4_0 at AVX2: a token in a third of the time from rows). Nothing can then
+        read them as rows: a self-drafter shares the engine's laid-out layers instead
+        (`resident_layers`). Not with sparsity or a head shortlist."""
         self.source, self.spec, self.options = source, source.spec, options
         self.budget, self.strategy, self.verify = budget, strategy, verify
         self.sparsity, self.window, self.head_shortlist = sparsity, window, head_shortlist
@@ -105,7 +105,20 @@ class BudgetedWeights:
         if not measured and strategy == "flash":
             self.plan.notes.append("I/O settings are defaults; run `edgeflash probe-io` to measure this storage")
         self.resident_tensors: dict[str, Tensor] = {}  # filled by install; a self-drafter may share them
+        self.full_head = full_head
+        # a tied embedding laid out in place as the head: its rows are read from flash on demand
+        self.embedding_on_demand = False
+        self.resident_layers = self._leading_resident_layers()
         self.direct_io = True
+
+    def _leading_resident_layers(self) -> int:
+        """How many of the first layers the plan keeps resident whole (what a self-drafter can share)."""
+        resident = set(self.plan.resident)
+        count = 0
+        while count < self.spec.n_layers and all(g.name in resident or g.name.endswith(".predictor")
+                                                 for g in self.layout.layer_groups(count)):
+            count += 1
+        return count
 
     def _keep_sparse_only_if_it_pays(self, fixed: dict[str, int], threads: int, chunk: int) -> None:
         """A sparse FFN that would be slower than exact flash at this budget is not used: the plan
@@ -168,10 +181,13 @@ class BudgetedWeights:
         if self.panels:  # in place: only in buffers read here (a pinned tensor's are the source's own)
             pinned = {t for group in layout.groups.values() for t in group.pinned}
             read = {n: t for n, t in tensors.items() if n not in pinned}
-            engine.set_tensors(read, panels=True, in_place=True)
+            engine.set_tensors(read, panels=True, in_place=True, head=self.full_head)
             engine.set_tensors({n: t for n, t in tensors.items() if n in pinned})
             # the matrices laid out in place hold panels, not rows: only the rest can be shared
-            tensors = {n: t for n, t in tensors.items() if n in pinned or not n.startswith("blk.") or len(t.shape) < 2}
+            laid_out = {"token_embd.weight"} if engine.tied_head_in_place else set()
+            tensors = {n: t for n, t in tensors.items()
+                       if n in pinned or (n not in laid_out and (not n.startswith("blk.") or len(t.shape) < 2))}
+            self.embedding_on_demand = engine.tied_head_in_place
         else:
             engine.set_tensors(tensors)
         self.resident_tensors = tensors
@@ -188,11 +204,12 @@ class BudgetedWeights:
 
     def embedding_plan(self) -> _native.StreamingPlan:
         """A streaming plan that reads just the embedding rows on demand when the plan streams the
-        table (a self-drafter shares the target's table this way), else reads nothing."""
+        table or its bytes became the head's panels (a self-drafter shares the target's table this
+        way), else reads nothing."""
         plan = _native.StreamingPlan()
         plan.path, plan.direct, plan.io_threads, plan.slots, plan.prefetch = str(self.layout.path), self.direct_io, 1, 1, False
         plan.chunk_bytes = 64 * 1024
-        if "embedding" in self.plan.streamed:
+        if "embedding" in self.plan.streamed or self.embedding_on_demand:
             t, loc = self.source.tensors["token_embd.weight"], self.layout.locations["token_embd.weight"]
             plan.stream_embedding = True
             plan.embedding = _streamed(t, loc.offset)

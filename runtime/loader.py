@@ -136,7 +136,8 @@ def _load_budgeted(path: str | Path, budget: int, rss_baseline: int | None, *, t
                                                    options=options, fixed=fixed, strategy=strategy)
     weights = BudgetedWeights(source, budget=budget, options=options, strategy=strategy, fixed_costs=fixed,
                               opening_peak=opening_peak, sparsity=sparsity, window=window,
-                              head_shortlist=head_shortlist, fallback=ffn_fallback, neuron_chunk=neuron_chunk)
+                              head_shortlist=head_shortlist, fallback=ffn_fallback, neuron_chunk=neuron_chunk,
+                              panels=True)
     if auto_note:
         weights.plan.notes.append(auto_note)
     run = NativeEngine(source, weights=weights, threads=threads, options=options)

@@ -46,6 +46,11 @@ def _file_backed(raw: np.ndarray) -> bool:
     return _file_map(raw) is not None and hasattr(mmap, "MADV_DONTNEED")
 
 
+def _own(raw: np.ndarray) -> bool:
+    """Whether `raw` is this process's writable memory, not a file's (what may be laid out in place)."""
+    return raw.flags.writeable and _file_map(raw) is None
+
+
 def _drop_file_pages(raw: np.ndarray) -> None:
     """Drops this process's pages of the whole pages inside `raw`'s bytes of a file mapping. A page
     fault on a file in the page cache may map a whole large folio, well past the bytes read: the
@@ -113,6 +118,7 @@ class NativeEngine:
         self.threads = threads
         kernels.set_num_threads(threads)
         self.conversions: dict[str, str] = {}
+        self.tied_head_in_place = False  # set_tensors laid a tied embedding out in place as the head
         shape = engine_shape(spec)
         shape.vocab_begin, shape.vocab_end = vocab_rows(source)  # a rank of a split model holds some rows
         try:
@@ -135,19 +141,25 @@ class NativeEngine:
         """Hand the native engine every tensor present in `t` (a budgeted run leaves streamed ones out).
         With `panels`, matrices the kernels run faster from the panel layout are copied into it, and
         the pages of the file they were read from are dropped (the embedding rows stay in place).
-        With `in_place` too, the layer matrices' own buffers (this process's writable memory, shared
-        with nothing) are laid out in panels instead of copied: their bytes are then panels, not rows.
-        Without `head`, the caller installs a head of its own (a draft model's shortlist): a tied
-        embedding then stays an embedding, not also laid out as a head nobody reads."""
+        With `in_place` too, the matrices' own buffers (this process's writable memory, shared with
+        nothing) are laid out in panels instead of copied: their bytes are then panels, not rows. A
+        tied embedding laid out so as the head is no embedding any more: the caller gives the engine
+        its rows another way (BudgetedWeights reads them on demand). Without `head`, the caller
+        installs a head of its own (a draft model's shortlist): a tied embedding then stays an
+        embedding, not also laid out as a head nobody reads."""
         native = self._engine
-        if "token_embd.weight" in t:  # only rows are read from it, unless it is also the head installed here
-            rows_only = not (head and self.spec.tied_embeddings)
-            native.set_embedding(*self._matrix(t["token_embd.weight"], rows_only=rows_only))
         head_tensor = t.get("output.weight") if not self.spec.tied_embeddings else t.get("token_embd.weight")
         if head and head_tensor is not None:
-            # in place or not, a head is laid out only by a copy (in place, it stays in rows)
-            native.set_head(*self._matrix(head_tensor), panels=panels and not in_place,
-                            drop_source=_file_backed(head_tensor.raw))
+            raw, fmt, rows, cols = self._matrix(head_tensor)
+            own = in_place and _own(raw)
+            # in place, a head that is not the process's own memory stays in rows (no copy)
+            laid_out = native.set_head(raw, fmt, rows, cols, panels=panels and (own or not in_place),
+                                       drop_source=_file_backed(head_tensor.raw), in_place=own)
+            self.tied_head_in_place = laid_out and own and self.spec.tied_embeddings
+        if "token_embd.weight" in t and not self.tied_head_in_place:
+            # only rows are read from it, unless it is also the head installed here
+            rows_only = not (head and self.spec.tied_embeddings)
+            native.set_embedding(*self._matrix(t["token_embd.weight"], rows_only=rows_only))
         if "output_norm.weight" in t:
             native.set_output_norm(self._vector(t["output_norm.weight"]))
         for layer in range(self.spec.n_layers):
@@ -158,9 +170,8 @@ class NativeEngine:
                 if slot in MATRIX_SLOTS:
                     w = t[prefix + tensor]
                     raw, fmt, rows, cols = self._matrix(w)
-                    own = in_place and raw.flags.writeable and _file_map(raw) is None
                     native.set_matrix(layer, slot, raw, fmt, rows, cols, getattr(w, "stride", 0), panels=panels,
-                                      drop_source=_file_backed(w.raw), in_place=own)
+                                      drop_source=_file_backed(w.raw), in_place=in_place and _own(raw))
                 else:
                     native.set_vector(layer, slot, self._vector(t[prefix + tensor]))
             if panels:  # what the layer's faults mapped besides the pages read: back to the file

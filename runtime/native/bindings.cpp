@@ -149,10 +149,11 @@ class PyEngine {
     engine_->set_embedding(matrix(raw, fmt, rows, cols));
   }
 
-  bool set_head(const In& raw, const std::string& fmt, int64_t rows, int64_t cols, bool panels, bool drop_source) {
+  bool set_head(const In& raw, const std::string& fmt, int64_t rows, int64_t cols, bool panels, bool drop_source,
+                bool in_place) {
     check_dims(rows, vocab_rows(), cols, shape().d_model, "head");
     bool packed = false;
-    engine_->set_head(matrix(raw, fmt, rows, cols, 0, panels, &packed, drop_source));
+    engine_->set_head(matrix(raw, fmt, rows, cols, 0, panels, &packed, drop_source, in_place));
     return packed;
   }
 
@@ -461,7 +462,8 @@ void bind_engine(nb::module_& m) {
            nb::arg("layers"), nb::arg("options"))
       .def("set_embedding", &PyEngine::set_embedding)
       .def("set_head", &PyEngine::set_head, nb::arg("raw"), nb::arg("fmt"), nb::arg("rows"), nb::arg("cols"),
-           nb::arg("panels") = false, nb::arg("drop_source") = false)
+           nb::arg("panels") = false, nb::arg("drop_source") = false, nb::arg("in_place") = false,
+           "Set the head; panels, drop_source and in_place as for set_matrix (returns whether it was laid out).")
       .def("set_output_norm", &PyEngine::set_output_norm)
       .def("set_head_shortlist", &PyEngine::set_head_shortlist)
       .def("set_matrix", &PyEngine::set_matrix, nb::arg("layer"), nb::arg("name"), nb::arg("raw"), nb::arg("fmt"),

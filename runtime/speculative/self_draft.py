@@ -26,9 +26,11 @@ class SelfDraftWeights:
         self.tensors = {n: t for n, t in tensors.items()
                         if n != "output.weight" and (not n.startswith("blk.") or int(n.split(".")[1]) < layers)}
         self.layers = layers
-        # A resident target holds its layers in the engine's own layout (panels): the draft reads
-        # those, not the file's rows, which would be resident a second time.
-        self.shared = target if isinstance(target.weights, ResidentWeights) else None
+        # A resident target, or a budgeted one that laid its resident layers out in place, holds its
+        # layers in the engine's own layout (panels): the draft runs those, not the file's rows,
+        # which would be resident a second time (or are no longer rows).
+        laid_out = isinstance(target.weights, ResidentWeights) or getattr(target.weights, "panels", False)
+        self.shared = target if laid_out else None
         spec = target.spec
         head_name = "token_embd.weight" if spec.tied_embeddings else "output.weight"
         head = target.source.tensors[head_name]
@@ -84,9 +86,12 @@ def self_drafter(engine: NativeEngine, layers: int | None = None, shortlist: int
     n = engine.spec.n_layers
     layers = layers or max(1, n // 4)
     if tensors is not None:  # a budgeted target: only layers it keeps resident can be shared
-        resident = 0
-        while resident < n and all(name in tensors for name in _layer_matrices(resident, tensors)):
-            resident += 1
+        if getattr(engine.weights, "panels", False):  # laid out in the engine, not kept as rows
+            resident = engine.weights.resident_layers
+        else:
+            resident = 0
+            while resident < n and all(name in tensors for name in _layer_matrices(resident, tensors)):
+                resident += 1
         if resident == 0:
             raise UserError("self-drafting needs the first layers resident; this budget keeps none")
         layers = min(layers, resident)

@@ -133,6 +133,9 @@ def test_a_budgeted_draft_model_lays_out_its_resident_layers_in_place(smol_bundl
     weights = dm.budgeted_draft_weights(source, m.source, m.engine.context_length, m.engine.kv_format, budget)
     options = dm.draft_options(source, m.engine.context_length, m.engine.kv_format, True)
     laid_out = NativeEngine(source, weights=weights, options=options)
+    # a drafter installs its shortlist head; here both engines get the file's full head, in rows
+    head = {name: source.tensors[name] for name in [dm.head_tensor_name(source)]}
+    laid_out.set_tensors(head)
     stats = laid_out.stats()
     # llama's q and k rows, reordered when the GGUF was opened, are the source's own: kept in rows
     pinned = set(source.info.get("rewritten_tensors", []))
@@ -143,6 +146,7 @@ def test_a_budgeted_draft_model_lays_out_its_resident_layers_in_place(smol_bundl
     rows_weights = dm.budgeted_draft_weights(source, m.source, m.engine.context_length, m.engine.kv_format, budget)
     rows_weights.panels = False
     in_rows = NativeEngine(source, weights=rows_weights, options=options)
+    in_rows.set_tensors(head)
     assert in_rows.stats()["laid_out_in_place_bytes"] == 0
     ids = m.encode(STORY)[:24]
     a, b = laid_out.forward(ids), in_rows.forward(ids)
