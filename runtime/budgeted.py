@@ -184,9 +184,10 @@ class BudgetedWeights:
             engine.set_tensors(read, panels=True, in_place=True, head=self.full_head)
             engine.set_tensors({n: t for n, t in tensors.items() if n in pinned})
             # the matrices laid out in place hold panels, not rows: only the rest can be shared
-            laid_out = {"token_embd.weight"} if engine.tied_head_in_place else set()
+            head = "token_embd.weight" if self.spec.tied_embeddings else "output.weight"
+            laid_out_head = head if engine.head_in_place else None
             tensors = {n: t for n, t in tensors.items()
-                       if n in pinned or (n not in laid_out and (not n.startswith("blk.") or len(t.shape) < 2))}
+                       if n in pinned or (n != laid_out_head and (not n.startswith("blk.") or len(t.shape) < 2))}
             self.embedding_on_demand = engine.tied_head_in_place
         else:
             engine.set_tensors(tensors)

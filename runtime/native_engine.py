@@ -118,7 +118,7 @@ class NativeEngine:
         self.threads = threads
         kernels.set_num_threads(threads)
         self.conversions: dict[str, str] = {}
-        self.tied_head_in_place = False  # set_tensors laid a tied embedding out in place as the head
+        self.head_in_place = False  # set_tensors laid the head out in place: its bytes are no rows any more
         shape = engine_shape(spec)
         shape.vocab_begin, shape.vocab_end = vocab_rows(source)  # a rank of a split model holds some rows
         try:
@@ -133,6 +133,11 @@ class NativeEngine:
                 self._engine.set_arena_down_format(int(name.split(".")[1]), t.down_fmt)
         self.weights = weights or ResidentWeights(source.tensors)
         self.weights.install(self)
+
+    @property
+    def tied_head_in_place(self) -> bool:
+        """Whether the embedding table became the head's panels (its rows must come another way)."""
+        return self.head_in_place and self.spec.tied_embeddings
 
     # -- weights ------------------------------------------------------------------------------------
 
@@ -155,7 +160,7 @@ class NativeEngine:
             # in place, a head that is not the process's own memory stays in rows (no copy)
             laid_out = native.set_head(raw, fmt, rows, cols, panels=panels and (own or not in_place),
                                        drop_source=_file_backed(head_tensor.raw), in_place=own)
-            self.tied_head_in_place = laid_out and own and self.spec.tied_embeddings
+            self.head_in_place = laid_out and own
         if "token_embd.weight" in t and not self.tied_head_in_place:
             # only rows are read from it, unless it is also the head installed here
             rows_only = not (head and self.spec.tied_embeddings)
