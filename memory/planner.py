@@ -66,6 +66,10 @@ class MemoryPlan:
     stream_bytes_per_pass: int  # flash bytes a forward pass reads (layers, plus the head when it needs logits)
     unit_bytes: int  # one staging slot: the largest unit a pass streams (the slots share one arena)
     notes: list[str] = field(default_factory=list)
+    # Bytes of another engine's staging arena this plan streams through (a draft model's target's;
+    # 0: an arena of its own). They cost it nothing (staging_bytes is 0), and there its first
+    # streamed units keep their place while it computes (memory/native/streaming.h).
+    borrowed_staging: int = 0
 
     @property
     def fixed_bytes(self) -> int:
@@ -85,8 +89,10 @@ class MemoryPlan:
         for name, n in self.fixed.items():
             lines.append(f"  {name:<18} {format_size(n):>12}")
         lines.append(f"  {'resident weights':<18} {format_size(self.resident_bytes):>12}  ({len(self.resident)} groups)")
+        where = " in the lender's arena" if self.borrowed_staging else \
+            (" in huge pages" if fills_huge_pages(self.staging_bytes) else "")
         lines.append(f"  {'staging buffers':<18} {format_size(self.staging_bytes):>12}  ({self.io.slots} x "
-                     f"{format_size(self.unit_bytes)}{' in huge pages' if fills_huge_pages(self.staging_bytes) else ''}, "
+                     f"{format_size(self.unit_bytes)}{where}, "
                      f"{self.io.threads} I/O threads, {format_size(self.io.chunk_bytes)} reads"
                      f"{', prefetch' if self.io.prefetch else ''})")
         lines.append(f"  streamed: {len(self.streamed)} groups, {format_size(self.stream_bytes_per_pass)} per token")
@@ -96,17 +102,23 @@ class MemoryPlan:
 
 def make_plan(layout: WeightLayout, budget: int, strategy: str, fixed: dict[str, int], *, head_chunk_limit: int,
               io_threads: int = DEFAULT_THREADS, chunk_bytes: int = DEFAULT_CHUNK, skip: frozenset[str] = frozenset(),
-              full_head: bool = True) -> MemoryPlan:
+              full_head: bool = True, lent_staging: int = 0) -> MemoryPlan:
     """`fixed`: what the run needs besides weights (KV cache, activations, logits, tokenizer...);
     `head_chunk_limit`: the engine's rows per logits pass, the most a streamed head chunk may hold;
     `io_threads`, `chunk_bytes`: the device's best read depth and size (`edgeflash probe-io`);
     `skip`: groups the run never reads per token (the dense FFN in sparse mode); `full_head`
-    False: an approximate head replaces the full one (its rows are a fixed cost)."""
+    False: an approximate head replaces the full one (its rows are a fixed cost); `lent_staging`:
+    the bytes of a staging arena another engine lends (a draft model's target, which computes in
+    turn with it): where two of this plan's units fit in it, its slots are there and cost nothing."""
     if strategy not in STRATEGIES:
         raise UserError(f"strategy = {strategy!r}: expected one of {', '.join(STRATEGIES)}")
     args = (layout, budget, strategy, fixed, io_threads, chunk_bytes, skip, full_head, head_chunk_limit)
     if strategy != "flash":
         return _round_staging_to_huge_pages(_plan(*args, slots=1))
+    if lent_staging:
+        plan = _plan(*args, slots=2, lent=lent_staging)
+        if plan.borrowed_staging:
+            return _shape_reads(plan, io_threads, chunk_bytes)
     # Prefetch needs at least two staging slots; a third lets reads run two units ahead, but under
     # a tight budget its bytes are worth more as resident weights. Keep whichever reads less per
     # token (the deeper prefetch on a tie).
@@ -155,7 +167,7 @@ def _shape_reads(plan: MemoryPlan, threads: int, chunk_bytes: int) -> MemoryPlan
 
 def _plan(layout: WeightLayout, budget: int, strategy: str, fixed: dict[str, int],
           io_threads: int, chunk_bytes: int, skip: frozenset[str], full_head: bool, head_chunk_limit: int,
-          slots: int) -> MemoryPlan:
+          slots: int, lent: int = 0) -> MemoryPlan:
     fixed = dict(fixed)
     fixed["runtime_reserve"] = RUNTIME_RESERVE
     groups = layout.groups
@@ -176,29 +188,30 @@ def _plan(layout: WeightLayout, budget: int, strategy: str, fixed: dict[str, int
     flash = strategy == "flash"
     io = IoSettings(threads=io_threads if flash else 1, chunk_bytes=chunk_bytes, slots=slots, prefetch=flash)
 
-    def layer_unit(i: int, resident: set[str]) -> int:
-        """The largest read unit of layer i's streamed groups (a part of the block, `layer_units`)."""
-        streamed = [g for g in layout.layer_groups(i) if g.name not in resident and g.name not in skip]
-        return max((u.nbytes for u in layer_units(layout, streamed)), default=0)
-
     def staging(resident: set[str]) -> tuple[int, int]:
         """The slots' bytes, and one slot: the largest unit (a streamed head chunk spans as much)."""
-        unit = max([layer_unit(i, resident) for i in range(layout.n_layers)] + [0])
-        if head_name is not None and head_name not in resident:
-            unit = max(unit, MIN_HEAD_CHUNK)
+        unit = _largest_unit(layout, resident, skip, head_name)
         return unit * io.slots, unit
 
+    def borrowed(resident: set[str]) -> bool:
+        """Whether the streamed units' slots fit in the lent arena (two of them at the least)."""
+        unit = staging(resident)[1]
+        return bool(lent) and 0 < unit and 2 * unit <= lent
+
+    def own_staging(resident: set[str]) -> int:
+        return 0 if borrowed(resident) else staging(resident)[0]
+
     fixed_total = sum(fixed.values())
-    minimum = fixed_total + staging(set())[0]  # rounding up to huge pages is never what refuses
+    minimum = fixed_total + own_staging(set())  # rounding up to huge pages is never what refuses
     if minimum > budget:
         raise BudgetError(
             f"memory budget {format_size(budget)} is too small for this model: at least {format_size(minimum)} "
             f"is needed ({', '.join(f'{k} {format_size(v)}' for k, v in fixed.items())}, "
-            f"staging {format_size(staging(set())[0])}); raise --memory-budget or shorten the context", minimum)
+            f"staging {format_size(own_staging(set()))}); raise --memory-budget or shorten the context", minimum)
 
     def cost(resident: set[str]) -> int:
         """With the arena rounded up to huge pages where that costs little: residency gives way to it."""
-        return fixed_total + sum(groups[n].nbytes for n in resident) + staging_arena_bytes(staging(resident)[0])
+        return fixed_total + sum(groups[n].nbytes for n in resident) + staging_arena_bytes(own_staging(resident))
 
     resident: set[str] = set()
     if strategy != "naive":
@@ -217,6 +230,9 @@ def _plan(layout: WeightLayout, budget: int, strategy: str, fixed: dict[str, int
         if cost(spread) <= budget and staging(spread)[0] <= staging(resident)[0]:
             resident = spread
     staging_bytes, unit_bytes = staging(resident)  # make_plan rounds it up where the budget has room
+    lends = lent if borrowed(resident) else 0
+    if lends:  # as many units as the lent arena holds: reads are shaped for that many in flight
+        io.slots, staging_bytes = lent // unit_bytes, 0
     head_chunk_rows = 0
     if head_name and head_name not in resident:
         row_bytes = layout.locations[groups[head_name].tensors[0]].nbytes // layout.head_rows
@@ -229,10 +245,35 @@ def _plan(layout: WeightLayout, budget: int, strategy: str, fixed: dict[str, int
     plan = MemoryPlan(budget=budget, strategy=strategy, fixed=fixed, resident=[n for n in order if n in resident],
                       streamed=streamed, resident_bytes=sum(groups[n].nbytes for n in resident),
                       staging_bytes=staging_bytes, head_chunk_rows=head_chunk_rows, io=io,
-                      stream_bytes_per_pass=per_pass, unit_bytes=unit_bytes)
+                      stream_bytes_per_pass=per_pass, unit_bytes=unit_bytes, borrowed_staging=lends)
+    if lends:
+        plan.notes.append(f"streams through {format_size(lent)} of the target's staging arena: its first "
+                          "streamed units stay there while this model computes")
     if "embedding" in streamed:
         plan.notes.append("embedding rows are read on demand (one 4 KiB page per token)")
     return plan
+
+
+def _largest_unit(layout: WeightLayout, resident: set[str], skip: frozenset[str], head_name: str | None) -> int:
+    """One staging slot: the largest read unit of the streamed layer groups (a part of the block,
+    `layer_units`), or a streamed head chunk's span."""
+    def layer_unit(i: int) -> int:
+        streamed = [g for g in layout.layer_groups(i) if g.name not in resident and g.name not in skip]
+        return max((u.nbytes for u in layer_units(layout, streamed)), default=0)
+
+    unit = max([layer_unit(i) for i in range(layout.n_layers)] + [0])
+    if head_name is not None and head_name not in resident:
+        unit = max(unit, MIN_HEAD_CHUNK)
+    return unit
+
+
+def lendable_staging(layout: WeightLayout, skip: frozenset[str] = frozenset()) -> int:
+    """The staging arena a flash plan of `layout` (its full head streamed too) holds at its
+    minimum, with nothing resident: two slots of its largest unit. A draft model streams through
+    its target's arena (`make_plan(lent_staging=...)`) only when the target is at its minimum: any
+    budget left over goes to the draft model first."""
+    head_name = "head" if "head" in layout.groups else "embedding"
+    return 2 * _largest_unit(layout, set(), skip, head_name)
 
 
 def _spread_streamed(resident: set[str], order: list[str], groups: dict[str, WeightGroup]) -> set[str]:

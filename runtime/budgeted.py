@@ -65,7 +65,8 @@ class BudgetedWeights:
                  fixed_costs: dict[str, int] | None = None, io_threads: int | None = None,
                  chunk_bytes: int | None = None, verify: bool = True, sparsity: float | None = None,
                  window: int = 4, head_shortlist: int | None = None, opening_peak: int = 0,
-                 fallback: bool = True, full_head: bool = True, neuron_chunk: int = 0, panels: bool = False):
+                 fallback: bool = True, full_head: bool = True, neuron_chunk: int = 0, panels: bool = False,
+                 lent_staging: int = 0):
         """`fixed_costs`: what the loader measured or reserved besides the engine (tokenizer,
         speculation); `opening_peak`: how far RSS rose while the model was opened (tokenizer and
         metadata built, their temporaries freed): the budget must hold that too. `io_threads`,
@@ -75,7 +76,9 @@ class BudgetedWeights:
         `panels`: resident layer matrices are laid out in panels where they were read (no copy), for
         faster products (q4_0 at AVX2: a token in a third of the time from rows). Nothing can then
         read them as rows: a self-drafter shares the engine's laid-out layers instead
-        (`resident_layers`). Not with sparsity or a head shortlist."""
+        (`resident_layers`). Not with sparsity or a head shortlist. `lent_staging`: the bytes of
+        the staging arena of an engine that computes in turn with this one and lends it (a draft
+        model's target; `install(lender=...)`), which this plan's slots may use instead of its own."""
         self.source, self.spec, self.options = source, source.spec, options
         self.budget, self.strategy, self.verify = budget, strategy, verify
         self.sparsity, self.window, self.head_shortlist = sparsity, window, head_shortlist
@@ -93,7 +96,8 @@ class BudgetedWeights:
             if self.approx is None:  # exact mode never reads the sparse-mode predictors
                 skip = frozenset(g for g in layout.groups if g.endswith(".predictor"))
                 self.plan = make_plan(layout, budget, strategy, fixed, head_chunk_limit=options.head_chunk,
-                                      io_threads=threads, chunk_bytes=chunk, skip=skip, full_head=full_head)
+                                      io_threads=threads, chunk_bytes=chunk, skip=skip, full_head=full_head,
+                                      lent_staging=lent_staging)
             else:
                 self.plan = self.approx.plan(fixed, threads, chunk)
                 if sparsity is not None:
@@ -165,8 +169,11 @@ class BudgetedWeights:
 
     # -- loading ------------------------------------------------------------------------------------
 
-    def install(self, engine: NativeEngine) -> None:
+    def install(self, engine: NativeEngine, lender: NativeEngine | None = None) -> None:
+        """`lender`: the engine whose staging arena a plan with borrowed staging streams through."""
         layout, plan = self.layout, self.plan
+        if plan.borrowed_staging and lender is None:
+            raise ValueError("a plan with borrowed staging needs the engine that lends it")
         fd, self.direct_io = open_direct(layout.path)
         try:
             tensors = self._read_resident(fd)
@@ -195,9 +202,9 @@ class BudgetedWeights:
         streaming = self.embedding_plan()
         streaming.io_threads, streaming.chunk_bytes = plan.io.threads, plan.io.chunk_bytes
         streaming.units, streaming.slots, streaming.prefetch = self._stream_units(), plan.io.slots, plan.io.prefetch
-        streaming.staging_bytes = plan.staging_bytes
+        streaming.staging_bytes = plan.borrowed_staging or plan.staging_bytes  # a borrower: the bytes it may use
         try:
-            engine._engine.set_streaming(streaming)
+            engine._engine.set_streaming(streaming, lender._engine if plan.borrowed_staging else None)
             if self.approx is not None:
                 self.approx.install(engine._engine)
         except (ValueError, RuntimeError) as e:
@@ -341,6 +348,8 @@ class BudgetedWeights:
                "resident_weight_bytes": self.plan.resident_bytes, "direct_io": self.direct_io,
                "prefetched_units": streamed.prefetched_units if streamed else 0,
                "units_read": streamed.units_read if streamed else 0}
+        if self.plan.borrowed_staging:
+            out.update(retained_units=native.retained_units, retained_hits=streamed.retained_hits if streamed else 0)
         if self.approx is not None:
             out.update(self.approx.stats(native))
         if self.requested_sparsity is not None and self.sparsity is None:  # the planner kept exact flash

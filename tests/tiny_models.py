@@ -42,14 +42,15 @@ def save_tokenizer(smollm_path: Path, out: Path) -> int:
     return len(tok)
 
 
-def build_tiny_model(case: str, tokenizer_dir: Path, vocab: int, out: Path):
+def build_tiny_model(case: str, tokenizer_dir: Path, vocab: int, out: Path, **overrides):
     """Save a random model of `case` with larger-than-init weights (so logits are far from
-    uniform) into `out`, next to the tokenizer; returns the transformers model."""
+    uniform) into `out`, next to the tokenizer; returns the transformers model. `overrides`:
+    config fields other than COMMON's (num_hidden_layers=6...)."""
     import torch
     import transformers
 
     config_cls, model_cls, extra = CASES[case]
-    config = getattr(transformers, config_cls)(vocab_size=vocab, **COMMON, **extra)
+    config = getattr(transformers, config_cls)(vocab_size=vocab, **{**COMMON, **extra, **overrides})
     torch.manual_seed(0)
     model = getattr(transformers, model_cls)(config).eval()
     gemma = "gemma" in case  # Gemma norms multiply by 1 + w, the others by w

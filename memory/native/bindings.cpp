@@ -112,7 +112,8 @@ void bind_memory(nb::module_& m) {
   nb::class_<StreamStats>(m, "StreamStats")
       .def_ro("passes", &StreamStats::passes)
       .def_ro("units_read", &StreamStats::units_read)
-      .def_ro("prefetched_units", &StreamStats::prefetched_hits);
+      .def_ro("prefetched_units", &StreamStats::prefetched_hits)
+      .def_ro("retained_hits", &StreamStats::retained_hits);
   nb::class_<NeuronCacheStats>(m, "NeuronCacheStats")
       .def_ro("lookups", &NeuronCacheStats::lookups)
       .def_ro("hits", &NeuronCacheStats::hits)

@@ -1,5 +1,6 @@
 #include "streaming.h"
 
+#include <algorithm>
 #include <stdexcept>
 #include <string>
 
@@ -15,7 +16,7 @@ size_t StreamUnit::bytes() const {
 
 StreamingWeights::StreamingWeights(std::shared_ptr<DirectReader> reader, ResidentLayers* resident,
                                    int64_t n_layers, std::vector<StreamUnit> units, int slots, size_t staging_bytes,
-                                   bool prefetch)
+                                   bool prefetch, const StreamingWeights* lender)
     : reader_(std::move(reader)), resident_(resident), units_(std::move(units)),
       part_unit_(n_layers * kLayerParts, -1), prefetch_(prefetch) {
   if (slots < 1) throw std::invalid_argument("streaming: at least one staging slot is needed");
@@ -62,27 +63,97 @@ StreamingWeights::StreamingWeights(std::shared_ptr<DirectReader> reader, Residen
   // One arena holds every slot, so that slots smaller than a huge page still sit in huge pages.
   const size_t slot = align_up(largest);
   const size_t need = slot * static_cast<size_t>(slots);
-  if (staging_bytes && staging_bytes < need)
-    throw std::invalid_argument("streaming: the staging arena must hold " + std::to_string(slots) + " units of " +
-                                std::to_string(slot) + " bytes");
-  arena_ = AlignedBuffer(std::max(need, staging_bytes));
-  for (int i = 0; i < slots; ++i) slots_.push_back(arena_.data() + static_cast<size_t>(i) * slot);
+  if (lender) {
+    arena_ = lender->arena_;
+    borrowed_ = true;
+    arena_->shared = true;
+    place_retained(slot, staging_bytes ? std::min(staging_bytes, arena_->buffer.size()) : arena_->buffer.size());
+  } else {
+    if (staging_bytes && staging_bytes < need)
+      throw std::invalid_argument("streaming: the staging arena must hold " + std::to_string(slots) + " units of " +
+                                  std::to_string(slot) + " bytes");
+    arena_ = std::make_shared<StagingArena>(std::max(need, staging_bytes));
+    for (int i = 0; i < slots; ++i) slots_.push_back(arena_->buffer.data() + static_cast<size_t>(i) * slot);
+  }
   slot_busy_.assign(slots_.size(), false);
+  retained_reads_.resize(retained_);
+  retained_valid_.assign(retained_, false);
 }
 
-size_t StreamingWeights::staging_bytes() const { return arena_.size(); }
+void StreamingWeights::place_retained(size_t slot, size_t size) {
+  // Layer units only (a head chunk is read once a pass anyway), packed from the arena's start at
+  // their own sizes; unless every one fits (and no head streams), two slots of the largest unit
+  // stay at the end of the `size` bytes used for the units that stream through.
+  uint8_t* base = arena_->buffer.data();
+  const int64_t layer_units = static_cast<int64_t>(units_.size() - head_units_.size());
+  size_t all = 0;
+  for (int64_t u = 0; u < layer_units; ++u) all += align_up(units_[u].bytes());
+  const bool ring = !(head_units_.empty() && all <= size);
+  if (ring && 2 * slot > size)
+    throw std::invalid_argument("streaming: a borrowed staging arena of " + std::to_string(size) +
+                                " bytes cannot hold two units of " + std::to_string(slot) + " bytes");
+  const size_t room = ring ? size - 2 * slot : size;
+  size_t used = 0;
+  for (int64_t u = 0; u < layer_units && used + align_up(units_[u].bytes()) <= room; ++u) {
+    retained_at_.push_back(base + used);
+    used += align_up(units_[u].bytes());
+  }
+  retained_ = static_cast<int64_t>(retained_at_.size());
+  if (ring)
+    for (int i = 0; i < 2; ++i) slots_.push_back(base + room + static_cast<size_t>(i) * slot);
+}
+
+StreamingWeights::~StreamingWeights() {
+  surrender();
+  if (arena_->holder == this) arena_->holder = nullptr;
+}
+
+size_t StreamingWeights::staging_bytes() const { return borrowed_ ? 0 : arena_->buffer.size(); }
 
 int64_t StreamingWeights::first_layer_unit() const {
-  return units_.size() > head_units_.size() ? 0 : -1;
+  return static_cast<int64_t>(units_.size() - head_units_.size()) > retained_ ? retained_ : -1;
 }
 
 int64_t StreamingWeights::next_unit(int64_t unit) const {
   const int64_t n = static_cast<int64_t>(units_.size());
   const int64_t n_layer_units = n - static_cast<int64_t>(head_units_.size());
-  const int64_t first = n_layer_units ? 0 : n_layer_units;  // the first unit of a pass: layer 0 or head 0
+  // the first unit a pass reads through the ring: its first layer unit not retained, else head chunk 0
+  const int64_t first = n_layer_units > retained_ ? retained_ : n_layer_units;
   if (unit + 1 == n_layer_units && units_[unit].layer >= 0)
     return needs_head_ && !head_units_.empty() ? unit + 1 : first;  // after the last layer
   return unit + 1 >= n ? first : unit + 1;
+}
+
+void StreamingWeights::claim_arena() {
+  if (arena_->holder == this) return;
+  if (arena_->holder) arena_->holder->surrender();
+  arena_->holder = this;
+}
+
+void StreamingWeights::surrender() {
+  drain();
+  for (int64_t u = 0; u < retained_; ++u) {
+    for (const uint64_t ticket : retained_reads_[u]) {
+      try {
+        reader_->wait(ticket);
+      } catch (const std::exception&) {
+        // as in drain(): the next read of the unit reports the error
+      }
+    }
+    retained_reads_[u].clear();
+    retained_valid_[u] = false;
+  }
+  ahead_ = false;
+  issued_ahead_ = 0;
+}
+
+void StreamingWeights::issue_retained(int64_t unit) {
+  uint8_t* dst = retained_at_[unit];
+  for (const auto& [offset, bytes] : units_[unit].ranges) {
+    retained_reads_[unit].push_back(reader_->submit(offset, bytes, dst));
+    dst += bytes;
+  }
+  ++stats_.units_read;
 }
 
 void StreamingWeights::issue_one() {
@@ -110,9 +181,11 @@ void StreamingWeights::issue_one() {
 }
 
 void StreamingWeights::fill() {
+  if (slots_.empty()) return;  // every unit is retained: nothing streams through the ring
   const size_t limit = prefetch_ ? slots_.size() : 1;
   while (!units_.empty() && in_flight_.size() < limit) {
     if (ahead_) {
+      if (arena_->shared) return;  // the next pass may be the other engine's
       // Run ahead only through the next pass's layers: whether it needs the head is known at its
       // begin_pass, and wrapping a second time would be two passes ahead.
       if (units_[pending_next_].layer < 0) return;
@@ -141,8 +214,12 @@ void StreamingWeights::begin_pass(bool needs_head) {
   ++stats_.passes;
   needs_head_ = needs_head;
   if (units_.empty()) return;
-  const int64_t first = first_layer_unit() >= 0 ? 0 : (needs_head ? 0 : -1);
-  if (first < 0) {  // only the head is streamed and this pass does not need it
+  claim_arena();
+  for (int64_t u = 0; u < retained_; ++u)  // retained units read first: they come first in a pass
+    if (!retained_valid_[u] && retained_reads_[u].empty()) issue_retained(u);
+  const int64_t n_layer_units = static_cast<int64_t>(units_.size() - head_units_.size());
+  const int64_t first = n_layer_units > retained_ ? retained_ : (needs_head && !head_units_.empty() ? n_layer_units : -1);
+  if (first < 0) {  // nothing streams through the ring in this pass
     drain();
     return;
   }
@@ -172,6 +249,19 @@ const StreamingWeights::InFlight& StreamingWeights::wait_front(int64_t unit) {
   return f;
 }
 
+const uint8_t* StreamingWeights::wait_retained(int64_t unit) {
+  if (retained_valid_[unit]) {
+    ++stats_.retained_hits;
+    return retained_at_[unit];
+  }
+  if (retained_reads_[unit].empty()) issue_retained(unit);
+  const std::vector<uint64_t> tickets = std::move(retained_reads_[unit]);
+  retained_reads_[unit].clear();  // a failed read is issued again by the next pass
+  for (const uint64_t ticket : tickets) reader_->wait(ticket, [] { ThreadPool::global().park(); });
+  retained_valid_[unit] = true;
+  return retained_at_[unit];
+}
+
 void StreamingWeights::pop_front() {
   slot_busy_[in_flight_.front().slot] = false;
   in_flight_.pop_front();
@@ -192,8 +282,7 @@ const LayerWeights& StreamingWeights::acquire(int64_t layer) {
 void StreamingWeights::ready(int64_t layer, LayerPart part) {
   const int64_t u = unit_of(layer, part);
   if (u < 0 || u <= filled_through_) return;  // resident, or filled in with an earlier part
-  const InFlight& f = wait_front(u);
-  const uint8_t* base = slots_[f.slot];
+  const uint8_t* base = retained(u) ? wait_retained(u) : slots_[wait_front(u).slot];
   for (const StreamedTensor& t : units_[u].tensors) {
     const uint8_t* p = base + t.offset;
     if (is_matrix(t.target))
@@ -213,7 +302,7 @@ void StreamingWeights::done(int64_t layer, LayerPart part) {
     const int64_t u = unit_of(layer, p);
     if (u < 0 || units_[u].last_part != p) continue;
     ready(layer, p);
-    pop_front();
+    if (!retained(u)) pop_front();
   }
 }
 

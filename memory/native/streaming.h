@@ -2,6 +2,12 @@
 // head, in row chunks) the memory plan did not keep resident. Reads go through DirectReader into
 // a ring of staging slots; with prefetch on, the next units load while the current one computes
 // (across the pass boundary too: the next token's first layers load while the head runs).
+//
+// A draft model and its target compute in turn, never at once, so a budgeted draft model streams
+// through its target's staging arena instead of one of its own (StagingArena). The target's slots
+// are sized for its largest unit, several of the draft model's, so the draft model keeps its first
+// streamed units in slots of their own for as long as it holds the arena: of the several draft
+// tokens of a step, only the first reads them.
 #pragma once
 
 #include <cstdint>
@@ -54,10 +60,22 @@ struct StreamingPlan {
   StreamedTensor embedding;
 };
 
+// The one buffer of staging slots, and which StreamingWeights has it now. A pass claims it; the
+// previous holder's reads into it are waited for and forgotten (StreamingWeights::surrender).
+// Not thread-safe: its users run their passes one after the other.
+class StreamingWeights;
+struct StagingArena {
+  explicit StagingArena(size_t bytes) : buffer(bytes) {}
+  AlignedBuffer buffer;
+  StreamingWeights* holder = nullptr;
+  bool shared = false;  // a borrower takes turns with its lender: no pass reads ahead into the next
+};
+
 struct StreamStats {
   uint64_t passes = 0;
   uint64_t units_read = 0;
   uint64_t prefetched_hits = 0;  // units already complete or in flight when the engine asked
+  uint64_t retained_hits = 0;    // units still in their slot from an earlier pass of this turn
 };
 
 class StreamingWeights : public LayerSource, public HeadSource {
@@ -65,9 +83,13 @@ class StreamingWeights : public LayerSource, public HeadSource {
   // `resident` has every resident tensor of every layer set; streamed ones are filled per pass.
   // `slots` staging slots of the largest unit, in one arena of `staging_bytes` (0: just the slots;
   // the plan may round it up to whole huge pages); prefetch keeps up to `slots` units in flight.
+  // `lender`: stream through the first `staging_bytes` (0: all) of that one's arena instead of an
+  // arena of its own (`slots` then does not apply): the first units that fit are retained, packed
+  // at their own sizes, leaving two slots of the largest unit for the rest.
   StreamingWeights(std::shared_ptr<DirectReader> reader, ResidentLayers* resident, int64_t n_layers,
-                   std::vector<StreamUnit> units, int slots, size_t staging_bytes, bool prefetch);
-  ~StreamingWeights() override { drain(); }  // no read may land in a freed staging slot
+                   std::vector<StreamUnit> units, int slots, size_t staging_bytes, bool prefetch,
+                   const StreamingWeights* lender = nullptr);
+  ~StreamingWeights() override;  // no read may land in a freed staging slot
 
   // LayerSource
   void begin_pass(bool needs_head) override;
@@ -81,8 +103,12 @@ class StreamingWeights : public LayerSource, public HeadSource {
   void release_chunk(int64_t chunk) override;
 
   bool streams_head() const { return !head_units_.empty(); }
-  size_t staging_bytes() const;
+  size_t staging_bytes() const;  // of the arena it streams through (a lender's, for a borrower)
+  bool borrows_staging() const { return borrowed_; }
+  int64_t retained_units() const { return retained_; }
   StreamStats stats() const { return stats_; }
+  // Another pass takes the arena: wait for this one's reads into it and forget what it holds.
+  void surrender();
 
  private:
   struct InFlight {
@@ -96,7 +122,12 @@ class StreamingWeights : public LayerSource, public HeadSource {
   }
   int64_t next_unit(int64_t unit) const;  // execution order, across the pass boundary
   int64_t first_layer_unit() const;
+  void claim_arena();
+  void place_retained(size_t slot, size_t size);  // a borrower's retained units and ring in its part of the arena
+  bool retained(int64_t unit) const { return unit < retained_; }
   void issue_one();
+  void issue_retained(int64_t unit);
+  const uint8_t* wait_retained(int64_t unit);  // its slot, once its bytes are in
   void fill();
   const InFlight& wait_front(int64_t unit);
   void pop_front();
@@ -107,8 +138,13 @@ class StreamingWeights : public LayerSource, public HeadSource {
   std::vector<StreamUnit> units_;
   std::vector<int64_t> part_unit_;   // layer * kLayerParts + part -> unit index or -1 (resident)
   std::vector<int64_t> head_units_;  // head chunk -> unit index
-  AlignedBuffer arena_;
-  std::vector<uint8_t*> slots_;  // into arena_
+  std::shared_ptr<StagingArena> arena_;
+  bool borrowed_ = false;
+  std::vector<uint8_t*> slots_;  // into arena_: the ring the streamed units pass through
+  std::vector<uint8_t*> retained_at_;  // into arena_: where retained unit u always lands
+  int64_t retained_ = 0;         // units 0..retained_-1 keep their place while this one holds the arena
+  std::vector<std::vector<uint64_t>> retained_reads_;  // a retained unit's tickets while it is read
+  std::vector<bool> retained_valid_;                   // its bytes are in its slot
   std::vector<bool> slot_busy_;
   bool prefetch_;
   bool needs_head_ = true;

@@ -284,7 +284,11 @@ class PyEngine {
 
   // Stream what the plan lists from its file (layers not listed stay resident, as set_matrix and
   // set_vector gave them).
-  void set_streaming(const memory::StreamingPlan& plan) {
+  // `lender`: an engine that computes in turn with this one (a draft model's target), whose
+  // staging arena this one streams through instead of one of its own (streaming.h).
+  void set_streaming(const memory::StreamingPlan& plan, const PyEngine* lender) {
+    const memory::StreamingWeights* lent = lender ? lender->streaming_.get() : nullptr;
+    if (lender && !lent) throw KernelError("the engine to borrow staging from streams nothing");
     for (const memory::StreamUnit& u : plan.units) {
       for (const memory::StreamedTensor& t : u.tensors) {
         if (u.layer >= 0) {
@@ -299,7 +303,7 @@ class PyEngine {
       check_dims(plan.embedding.rows, vocab_rows(), plan.embedding.cols, shape().d_model, "embedding");
     reader_ = std::make_shared<memory::DirectReader>(plan.path, plan.direct, plan.io_threads, plan.chunk_bytes);
     streaming_ = std::make_unique<memory::StreamingWeights>(reader_, &layers_, shape().n_layers, plan.units,
-                                                            plan.slots, plan.staging_bytes, plan.prefetch);
+                                                            plan.slots, plan.staging_bytes, plan.prefetch, lent);
     engine_->set_layer_source(streaming_.get());
     engine_->set_head_source(streaming_->streams_head() ? streaming_.get() : nullptr);
     if (plan.stream_embedding) {
@@ -344,7 +348,8 @@ class PyEngine {
     if (!streaming_) return std::nullopt;
     return streaming_->stats();
   }
-  size_t staging_bytes() const { return streaming_ ? streaming_->staging_bytes() : 0; }
+  size_t staging_bytes() const { return streaming_ ? streaming_->staging_bytes() : 0; }  // 0 when borrowed
+  int64_t retained_units() const { return streaming_ ? streaming_->retained_units() : 0; }
 
   // Per-operation seconds and call counts of the forward passes since profiling was turned on,
   // plus "passes" and "tokens" (op_profile.h).
@@ -486,7 +491,7 @@ void bind_engine(nb::module_& m) {
            "Time each operation of the forward passes from now on (on) or stop (off); clears the times.")
       .def("profile", &PyEngine::profile)
       .def("truncate", &PyEngine::truncate)
-      .def("set_streaming", &PyEngine::set_streaming, nb::arg("plan"))
+      .def("set_streaming", &PyEngine::set_streaming, nb::arg("plan"), nb::arg("lender").none() = nb::none())
       .def("set_sparse_ffn", &PyEngine::set_sparse_ffn, nb::arg("layers"), nb::arg("gate"), nb::arg("up"),
            nb::arg("down"), nb::arg("capacity"), nb::arg("window"))
       .def("set_sparse_chunks", &PyEngine::set_sparse_chunks, nb::arg("chunk"), nb::arg("keep"), nb::arg("resident"))
@@ -497,6 +502,7 @@ void bind_engine(nb::module_& m) {
       .def("stream_stats", &PyEngine::stream_stats)
       .def("neuron_stats", &PyEngine::neuron_stats)
       .def_prop_ro("staging_bytes", &PyEngine::staging_bytes)
+      .def_prop_ro("retained_units", &PyEngine::retained_units)
       .def_prop_ro("neuron_cache_bytes", &PyEngine::neuron_cache_bytes)
       .def_prop_ro("committed", &PyEngine::committed)
       .def_prop_ro("laid_out_bytes", &PyEngine::laid_out_bytes)

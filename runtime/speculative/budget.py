@@ -6,8 +6,9 @@ comes from the engine's own function (plan_memory). The loader checks the drafte
 against the reservation.
 
 A draft model under a budget is planned like any model (its own BudgetedWeights over its q4_0
-copy, draft_file.py, with a shortlist head instead of its full one): the layers it cannot keep
-stream from flash on every draft token.
+copy, draft_file.py, with a shortlist head instead of its full one), but with no staging slots of
+its own: the layers it cannot keep stream through the target's staging arena (the two compute in
+turn), where they stay from one draft token to the next while they fit (memory/native/streaming.h).
 Each pass drafts several tokens, so a byte of the draft model kept resident saves more reading than
 a byte of the target: the draft model gets as much of the budget as keeps all of it resident, as
 far as the target keeps what its own plan needs at the least. A budget that leaves the draft model

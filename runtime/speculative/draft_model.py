@@ -162,17 +162,21 @@ class DraftModelWeights:
 
 class BudgetedDraftWeights:
     """A draft model under a memory budget: planned and streamed like any model (BudgetedWeights),
-    its head replaced by the shortlist, whose rows are read with direct I/O."""
+    its head replaced by the shortlist, whose rows are read with direct I/O. What it streams goes
+    through its target's staging arena: the two engines compute in turn."""
 
-    def __init__(self, weights: BudgetedWeights, head: DraftHead):
-        self.weights, self.head = weights, head
+    def __init__(self, weights: BudgetedWeights, head: DraftHead, target: NativeEngine):
+        self.weights, self.head, self.target = weights, head, target
 
     def install(self, engine: NativeEngine) -> None:
-        self.weights.install(engine)
+        self.weights.install(engine, lender=self.target)
         self.head.install(engine._engine)
 
     def stats(self, engine: NativeEngine) -> dict[str, Any]:
-        return {"head_shortlist_rows": self.head.count, "draft_planned_bytes": self.weights.plan.total}
+        out = {"head_shortlist_rows": self.head.count, "draft_planned_bytes": self.weights.plan.total}
+        if self.weights.plan.borrowed_staging:
+            out["draft_retained_units"] = engine._engine.retained_units
+        return out
 
     def memory_bytes(self, engine: NativeEngine) -> int:
         return self.weights.plan.total  # its KV cache, buffers and head rows are fixed costs of its plan
@@ -189,24 +193,39 @@ def draft_options(draft: ModelSource, target_context: int, kv_format: str, budge
                           kv_format=kv_format, activations=DRAFT_ACTIVATIONS, head_chunk=BUDGETED_HEAD_CHUNK)
 
 
+def lent_staging(target: ModelSource) -> int:
+    """The staging arena a budgeted target lends its draft model: what its plan holds at its minimum.
+    A draft model streams only when the budget leaves it less than all of its weights, and it gets
+    everything above the target's minimum first, so the target is then at its minimum."""
+    from edgeflash.memory.planner import lendable_staging
+    from edgeflash.runtime.budgeted import source_layout
+
+    layout = source_layout(target)
+    return lendable_staging(layout, skip=frozenset(g for g in layout.groups if g.endswith(".predictor")))
+
+
 def budgeted_draft_weights(draft: ModelSource, target: ModelSource, context: int, kv_format: str,
-                           budget: int) -> BudgetedWeights:
-    """The draft model's plan within `budget` bytes (BudgetError if it cannot fit)."""
+                           budget: int, lent: int | None = None) -> BudgetedWeights:
+    """The draft model's plan within `budget` bytes (BudgetError if it cannot fit), its slots in the
+    target's staging arena of `lent` bytes (None: what the target holds at its minimum)."""
     from edgeflash.runtime.approximate import ROW_READ_BYTES
 
     head = draft.tensors[head_tensor_name(draft)]
     fixed = {"draft_head": head_bytes(head, DEFAULT_DRAFT_SHORTLIST, context_rows(context)) + ROW_READ_BYTES,
              "draft_metadata": opening_bytes(draft.path, target)}
     return BudgetedWeights(draft, budget=budget, options=draft_options(draft, context, kv_format, True),
-                           fixed_costs=fixed, full_head=False, panels=True)
+                           fixed_costs=fixed, full_head=False, panels=True,
+                           lent_staging=lent_staging(target) if lent is None else lent)
 
 
 def model_drafter(path: str | Path, target: NativeEngine, shortlist: int | None = None,
                   budget: int | None = None, requantize: str | None = DRAFT_REQUANTIZE,
-                  source: ModelSource | None = None) -> ModelDrafter:
+                  source: ModelSource | None = None, borrow_staging: bool = True) -> ModelDrafter:
     """The draft model at `path` drafting for `target`; within `budget` bytes if given. Without a
     budget its wider matrices become `requantize` at load (None: as the file holds them).
-    `source`: the draft model already opened (or a variant of it) instead of opening `path`."""
+    `source`: the draft model already opened (or a variant of it) instead of opening `path`.
+    `borrow_staging` False: under a budget, stream through slots of its own, inside `budget`, not
+    through the target's arena (what benchmarks/speculative/draft_staging.py compares with)."""
     if source is None:
         source = open_draft_model(path, target.source) if budget is None else \
             open_budgeted_draft_model(path, target.source)
@@ -219,10 +238,12 @@ def model_drafter(path: str | Path, target: NativeEngine, shortlist: int | None 
                          extra=context_rows(target.context_length))
         weights = DraftModelWeights(source, head)
     else:
-        planned = budgeted_draft_weights(source, target.source, target.context_length, target.kv_format, budget)
+        # the arena the target has (its minimum's whenever the draft model streams: draft_model_share)
+        lent = min(lent_staging(target.source), target._engine.staging_bytes) if borrow_staging else 0
+        planned = budgeted_draft_weights(source, target.source, target.context_length, target.kv_format, budget, lent)
         head = DraftHead(head_tensor, lambda rows: planned.read_rows(head_name, rows), ids,
                          extra=context_rows(target.context_length))
-        weights = BudgetedDraftWeights(planned, head)
+        weights = BudgetedDraftWeights(planned, head, target)
     options = draft_options(source, target.context_length, target.kv_format, budget is not None)
     engine = NativeEngine(source, weights=weights, threads=target.threads, options=options,
                           requantize=requantize if budget is None else None)
