@@ -1,7 +1,8 @@
 """What speculation adds to a budgeted run, reserved in the plan before the drafter exists (a
 self-drafter shares the engine's resident weights, so it is built after the engine): the lookup
-drafter's n-gram index (at its largest: every n-gram of a full context), the self-drafter's KV
-cache, work buffers and head rows, and a draft model's share of the budget. The engines' memory
+drafter's n-gram index (at its largest: every n-gram of a full context), the logits rows of a
+sampled verification pass, the self-drafter's KV cache, work buffers and head rows, and a draft
+model's share of the budget. The engines' memory
 comes from the engine's own function (plan_memory). The loader checks the drafter's real size
 against the reservation.
 
@@ -30,6 +31,16 @@ from edgeflash.runtime.speculative.drafters import LookupDrafter, lookup_index_b
 from edgeflash.runtime.speculative.self_draft import DEFAULT_SHORTLIST, SELF_DRAFT_MAX_BATCH
 
 TARGET_MARGIN = 1 << 20  # what the target's plan keeps above its minimum, for rounding
+# Sampled verification (a temperature, or a repeat penalty) needs each tree node's whole row of
+# logits, [nodes, vocab] floats, where greedy verification needs only each row's argmax. Under a
+# budget, a sampled tree has at most this many nodes, and their rows are reserved up front
+# (Qwen2.5-Coder's 151,936 tokens: 2.3 MiB; a 16-node tree's 9.3 MiB had gone over a 279 MB budget).
+SAMPLED_TREE_NODES = 4
+
+
+def sampled_rows_bytes(spec: ModelSpec) -> int:
+    """The logits rows a sampled verification pass of SAMPLED_TREE_NODES nodes keeps."""
+    return SAMPLED_TREE_NODES * spec.vocab_size * 4
 
 
 def uses_lookup(kind: str) -> bool:
@@ -59,7 +70,7 @@ def speculative_reserve(kind: str, source: ModelSource, context: int | None, kv_
     above."""
     spec = source.spec
     context = context or min(4096, spec.context_length)
-    total = lookup_reserve(kind, context)
+    total = lookup_reserve(kind, context) + (sampled_rows_bytes(spec) if budget is not None else 0)
     if kind == "self":
         layers = max(1, spec.n_layers // 4)
         draft = dataclasses.replace(spec, n_layers=layers, layer_kinds=spec.layer_kinds[:layers])

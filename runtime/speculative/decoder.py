@@ -10,6 +10,7 @@ from typing import Any
 import numpy as np
 from edgeflash.base.errors import UserError
 from edgeflash.runtime.sampler import Sampler
+from edgeflash.runtime.speculative.budget import SAMPLED_TREE_NODES
 from edgeflash.runtime.speculative.controller import Controller, now
 from edgeflash.runtime.speculative.drafters import Drafters, LookupDrafter
 from edgeflash.runtime.speculative.tree import DraftTree
@@ -46,6 +47,8 @@ class SpeculativeDecoder:
         max_nodes = min(max_nodes, getattr(engine, "max_batch", max_nodes))
         self.engine, self.drafters, self.sampler = engine, drafters, sampler
         self.greedy = sampler.params.greedy and not sampler.params.penalized
+        if not self.greedy and getattr(getattr(engine, "weights", None), "plan", None) is not None:
+            max_nodes = min(max_nodes, SAMPLED_TREE_NODES)  # the logits rows the budget reserved
         self.controller = Controller(max_nodes, *drafters.state(self.greedy))
         self.controller.acceptance.new_text()
         self.stats = SpecStats()
@@ -138,19 +141,22 @@ class SpeculativeDecoder:
         node, out, path = 0, [], [0]
         context = list(history)
         while True:
-            p = self.sampler.probabilities(logits[node], context).copy()
+            ids, p = self.sampler.distribution(logits[node], context)  # ids ascending, p a fresh array
             chosen = None
             for child in tree.children(node):
                 x = tree.tokens[child]
                 mass = p.sum()
                 if mass <= 0:
                     break
-                if rng.random() < p[x] / mass:
+                at = int(np.searchsorted(ids, x))
+                px = p[at] if at < ids.size and ids[at] == x else 0.0
+                if rng.random() < px / mass:
                     chosen = child
                     break
-                p[x] = 0.0
+                if px:
+                    p[at] = 0.0
             if chosen is None:
-                token = int(rng.choice(p.size, p=p / p.sum()))
+                token = int(ids[rng.choice(ids.size, p=p / p.sum())])
                 out.append(token)
                 return out, path
             token = tree.tokens[chosen]
@@ -173,14 +179,15 @@ def make_drafter(kind: str, engine: Any, *, self_layers: int | None = None, shor
 
         return Drafters(kind, None, self_drafter(engine, self_layers, shortlist), engine)
     if kind == "auto" or kind.startswith(("draft:", "auto:")):
-        from edgeflash.runtime.speculative.budget import draft_model_path, lookup_reserve
+        from edgeflash.runtime.speculative.budget import draft_model_path, lookup_reserve, sampled_rows_bytes
         from edgeflash.runtime.speculative.draft_model import model_drafter
 
         path = draft_model_path(kind, engine.source)
         budget = None
         plan = getattr(engine.weights, "plan", None)
         if path is not None and plan is not None:  # a budgeted target: the draft model's share
-            budget = plan.fixed.get("speculative", 0) - lookup_reserve(kind, engine.context_length)
+            budget = plan.fixed.get("speculative", 0) - lookup_reserve(kind, engine.context_length) - \
+                sampled_rows_bytes(engine.spec)
             if budget <= 0:
                 if kind.startswith("draft:"):
                     raise UserError(f"speculative = {kind!r}: the memory budget reserved no room for a draft "

@@ -355,8 +355,29 @@ def _free_passes(drafters, greedy: bool = False) -> None:
     acceptance.model_recent["draft"] = acceptance.model_recent["self"] = 0.9
 
 
+def test_a_budgeted_sampled_pass_keeps_to_the_logits_rows_it_reserved(smol_bundle):
+    """Sampled verification needs each node's whole row of logits: under a budget its tree holds at
+    most SAMPLED_TREE_NODES nodes, whose rows the plan reserved; greedy verification keeps its
+    wider trees (it needs only each row's argmax)."""
+    from edgeflash.runtime.speculative.budget import SAMPLED_TREE_NODES, sampled_rows_bytes
+
+    m = ef.load(smol_bundle, memory_budget="90MB", speculative="lookup")
+    assert m.engine.weights.plan.fixed["speculative"] >= sampled_rows_bytes(m.engine.spec)
+    drafters = m._drafters["lookup"]
+    sampled = SpeculativeDecoder(m.engine, drafters, Sampler(SamplingParams(temperature=0.8, seed=1)))
+    penalized = SpeculativeDecoder(m.engine, drafters, Sampler(SamplingParams(repetition_penalty=1.1)))
+    greedy = SpeculativeDecoder(m.engine, drafters, Sampler(SamplingParams()))
+    assert sampled.controller.max_nodes == penalized.controller.max_nodes == SAMPLED_TREE_NODES
+    assert greedy.controller.max_nodes > SAMPLED_TREE_NODES
+    unbudgeted = ef.load(smol_bundle)
+    free = SpeculativeDecoder(unbudgeted.engine, unbudgeted._drafter("lookup"),
+                              Sampler(SamplingParams(temperature=0.8, seed=1)))
+    assert free.controller.max_nodes > SAMPLED_TREE_NODES
+
+
 @pytest.mark.parametrize("budget,options", [
     ("90MB", {"speculative": "auto"}),
+    ("90MB", {"speculative": "auto", "temperature": 0.8, "seed": 1}),  # sampled verification
     # 30% of the bundle file, where nearly every weight streams: q8_0 keys and values and a context
     # that holds the prompt and the answer leave room for the lookup drafter (a format-3 bundle holds
     # one copy of the FFN, so a quarter of its file is below what the engine's own buffers take)
@@ -370,14 +391,16 @@ def test_budgeted_run_with_speculation_stays_inside_the_budget(smol_bundle, budg
 
     if budget == "small":
         budget = int((smol_bundle / "weights.bin").stat().st_size * 0.3)
+    sampling = {k: v for k, v in options.items() if k in ("temperature", "seed")}
+    options = {k: v for k, v in options.items() if k not in sampling}
     script = textwrap.dedent(f"""
         import json
         import edgeflash as ef
         from edgeflash.base.rss import current_rss_bytes, peak_rss_bytes, reset_peak_rss
         reset_peak_rss(); before = current_rss_bytes()
         m = ef.load({str(smol_bundle)!r}, memory_budget={budget!r}, **{options!r})
-        r = m.generate({GROUNDED!r}, max_tokens=48)
-        plain = m.generate({GROUNDED!r}, max_tokens=48, speculative="none")
+        r = m.generate({GROUNDED!r}, max_tokens=48, **{sampling!r})
+        plain = m.generate({GROUNDED!r}, max_tokens=48, speculative="none", **{sampling!r})
         print(json.dumps({{"peak": peak_rss_bytes() - before, "passes": r.stats["spec_passes"],
                           "budget": m.engine.weights.budget, "same": r.tokens == plain.tokens}}))
     """)
@@ -387,4 +410,4 @@ def test_budgeted_run_with_speculation_stays_inside_the_budget(smol_bundle, budg
     print(options, out)
     assert out["peak"] <= out["budget"]
     assert out["passes"] > 0
-    assert out["same"]
+    assert out["same"] or sampling  # a sampled answer keeps plain decoding's law, not its draws
