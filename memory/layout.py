@@ -63,6 +63,13 @@ def group_of_tensor(name: str) -> str:
     return group_name("attention", layer)
 
 
+def block_position(name: str) -> tuple[int, int] | None:
+    """(layer, index of the part of the block that reads it) of a per-layer tensor; None for any
+    other tensor."""
+    m = _LAYER_TENSOR.match(name)
+    return (int(m.group(1)), _PART_OF_TENSOR.get(m.group(2), 0)) if m else None
+
+
 def layer_of_group(name: str) -> int | None:
     m = _LAYER_GROUP.match(name)
     return int(m.group(1)) if m else None
@@ -158,26 +165,27 @@ class LayerUnit:
         raise ValueError(f"{name} is outside its unit's ranges")
 
 
-def layer_units(layout: WeightLayout, groups: list[WeightGroup]) -> list[LayerUnit]:
+def layer_units(layout: WeightLayout, groups: list[WeightGroup], whole_below: int | None = None) -> list[LayerUnit]:
     """A layer's streamed groups as read units, in the order the block reads them.
 
     Tensors go by the part of the block that reads them (attention, the FFN's norm and gate, its
     up matrix, its down side); consecutive parts share a unit while it stays within the layer's
     largest part, so the staging slots hold the largest part instead of the whole layer
     (Qwen2.5-Coder-1.5B's Q4_K_M layer: 10.8 of 28.6 MiB), and every read still lands whole before
-    compute needs it. A layer of at most MIN_SPLIT_LAYER bytes is one unit. A part's tensors are
-    read as their page-aligned spans, merged where they touch."""
+    compute needs it. A layer of at most `whole_below` bytes (None: MIN_SPLIT_LAYER) is one unit
+    (0: parts always, as in a borrowed arena, where smaller units pack closer). A part's tensors
+    are read as their page-aligned spans, merged where they touch."""
     names = [n for g in groups for n in g.tensors if n not in g.pinned]
     if not names:
         return []
     layer = groups[0].layer
     by_part: dict[int, list[str]] = {}
     for name in names:
-        m = _LAYER_TENSOR.match(name)
-        by_part.setdefault(_PART_OF_TENSOR.get(m.group(2), 0) if m else 0, []).append(name)
+        position = block_position(name)
+        by_part.setdefault(position[1] if position else 0, []).append(name)
     parts = [(p, by_part[p], _spans(by_part[p], layout.locations)) for p in sorted(by_part)]
     sizes = [sum(n for _, n in ranges) for _, _, ranges in parts]
-    largest = max(sizes) if sum(sizes) > MIN_SPLIT_LAYER else sum(sizes)
+    largest = max(sizes) if sum(sizes) > (MIN_SPLIT_LAYER if whole_below is None else whole_below) else sum(sizes)
     units: list[LayerUnit] = []
     for p, tensors, ranges in parts:
         last = units[-1] if units else None

@@ -188,9 +188,12 @@ def _plan(layout: WeightLayout, budget: int, strategy: str, fixed: dict[str, int
     flash = strategy == "flash"
     io = IoSettings(threads=io_threads if flash else 1, chunk_bytes=chunk_bytes, slots=slots, prefetch=flash)
 
+    # a plan that may borrow an arena reads layers in parts always: smaller units pack closer there
+    whole_below = 0 if lent else None
+
     def staging(resident: set[str]) -> tuple[int, int]:
         """The slots' bytes, and one slot: the largest unit (a streamed head chunk spans as much)."""
-        unit = _largest_unit(layout, resident, skip, head_name)
+        unit = _largest_unit(layout, resident, skip, head_name, whole_below)
         return unit * io.slots, unit
 
     def borrowed(resident: set[str]) -> bool:
@@ -254,12 +257,13 @@ def _plan(layout: WeightLayout, budget: int, strategy: str, fixed: dict[str, int
     return plan
 
 
-def _largest_unit(layout: WeightLayout, resident: set[str], skip: frozenset[str], head_name: str | None) -> int:
+def _largest_unit(layout: WeightLayout, resident: set[str], skip: frozenset[str], head_name: str | None,
+                  whole_below: int | None = None) -> int:
     """One staging slot: the largest read unit of the streamed layer groups (a part of the block,
     `layer_units`), or a streamed head chunk's span."""
     def layer_unit(i: int) -> int:
         streamed = [g for g in layout.layer_groups(i) if g.name not in resident and g.name not in skip]
-        return max((u.nbytes for u in layer_units(layout, streamed)), default=0)
+        return max((u.nbytes for u in layer_units(layout, streamed, whole_below)), default=0)
 
     unit = max([layer_unit(i) for i in range(layout.n_layers)] + [0])
     if head_name is not None and head_name not in resident:

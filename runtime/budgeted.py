@@ -319,7 +319,7 @@ class BudgetedWeights:
         streamed = set(plan.streamed)
         for layer in range(self.spec.n_layers):
             groups = [g for g in layout.layer_groups(layer) if g.name in streamed]
-            for lu in layer_units(layout, groups):
+            for lu in layer_units(layout, groups, 0 if plan.borrowed_staging else None):
                 tensors = []
                 for name in lu.tensors:
                     st = _streamed(self.source.tensors[name], lu.slot_offset(name, layout.locations))

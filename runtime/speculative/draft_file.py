@@ -11,8 +11,10 @@ the file's bytes), so it reads a converted file instead.
 The copy is written once, into the model cache, a slice of rows at a time (memory stays at a few
 MB whatever the model), under a temporary name renamed into place, so a reader never sees half of
 one. Metadata bytes are copied as they are; the token embedding keeps its format (its rows are
-read one token at a time). Later loads reuse the copy while the original's size and modification
-time are unchanged; a new copy replaces the copies of earlier versions of a file of that name.
+read one token at a time); each layer's tensors are written in the order its block reads them, so
+its attention and its FFN are groups a plan can keep or stream apart (_grouped). Later loads reuse
+the copy while the original's size and modification time are unchanged; a new copy replaces the
+copies of earlier versions of a file of that name.
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ from edgeflash import kernels
 from edgeflash.base.errors import UserError
 from edgeflash.base.packaged_models import cache_dir
 from edgeflash.kernels.formats import get_format
+from edgeflash.memory.layout import block_position
 from edgeflash.runtime.source import ModelSource
 from edgeflash.runtime.sources.gguf import GGUFFile, TensorInfo, align_up
 from edgeflash.runtime.tensors import dequantize_raw
@@ -40,6 +43,7 @@ DRAFT_FILE_FORMAT = "q4_0"
 CONVERT_VALUES = 1 << 18
 COPY_BYTES = 1 << 20
 KEPT = frozenset({"token_embd.weight"})  # read a row a token: converting would only lose precision
+COPY_LAYOUT = "grouped"  # in a copy's name: its tensors written layer group by group (_grouped)
 
 
 def budgeted_draft_path(draft: ModelSource) -> Path:
@@ -50,14 +54,35 @@ def budgeted_draft_path(draft: ModelSource) -> Path:
     if gguf is None or not any(_converts(info) for info in gguf.tensors.values()):
         return Path(draft.path)
     stat = os.stat(draft.path)
-    name = f"{Path(draft.path).stem}.{stat.st_size}-{stat.st_mtime_ns}.{DRAFT_FILE_FORMAT}.gguf"
+    name = f"{Path(draft.path).stem}.{stat.st_size}-{stat.st_mtime_ns}.{DRAFT_FILE_FORMAT}.{COPY_LAYOUT}.gguf"
     copy = cache_dir() / "draft-copies" / name
     if not copy.is_file():
         _write_copy(gguf, copy)
-        for stale in copy.parent.glob(f"{Path(draft.path).stem}.*.{DRAFT_FILE_FORMAT}.gguf"):
-            if stale != copy:  # a copy of an earlier version of the file (same name, other size or time)
+        for stale in copy.parent.glob(f"{Path(draft.path).stem}.*.gguf"):
+            if stale != copy:  # of an earlier version of the file (size or time), or an earlier layout
                 stale.unlink(missing_ok=True)
     return copy
+
+
+def _grouped(gguf: GGUFFile) -> list[TensorInfo]:
+    """The tensors in the order the copy writes them: each layer's where the file has its first
+    one, in the order its block reads them (attention, then the FFN's norm, gate, up and down). A
+    layer whose attention and FFN interleave in the file is planned as one group, kept resident or
+    streamed whole (memory/layout.py); apart, a budget can keep one and stream the other (on
+    Qwen2.5-Coder-0.5B, whose files put the FFN between the attention norm and its matrices: 1 and
+    7 MiB instead of 8)."""
+    tensors = list(gguf.tensors.values())
+    first: dict[int, int] = {}
+    for i, info in enumerate(tensors):
+        position = block_position(info.name)
+        if position is not None:
+            first.setdefault(position[0], i)
+
+    def key(i: int) -> tuple[int, int, int]:
+        position = block_position(tensors[i].name)
+        return (i, 0, 0) if position is None else (first[position[0]], position[1], i)
+
+    return [tensors[i] for i in sorted(range(len(tensors)), key=key)]
 
 
 def _converts(info: TensorInfo) -> bool:
@@ -85,14 +110,14 @@ def _write_copy(gguf: GGUFFile, copy: Path) -> None:
         # this process's memory, which a budgeted load must keep inside its budget.
         with os.fdopen(fd, "wb") as out, open(gguf.path, "rb", buffering=0) as src:
             _copy_bytes(src.fileno(), out, 0, gguf.metadata_end)  # magic, version, counts, metadata
-            offset = 0
-            for name, info in gguf.tensors.items():
-                out.write(_table_entry(info, formats[name], offset))
-                offset += align_up(_nbytes(info, formats[name]), gguf.alignment)
+            offset, order = 0, _grouped(gguf)
+            for info in order:
+                out.write(_table_entry(info, formats[info.name], offset))
+                offset += align_up(_nbytes(info, formats[info.name]), gguf.alignment)
             _pad(out, gguf.alignment)
             data_start = out.tell()
-            for name, info in gguf.tensors.items():
-                _write_tensor(src.fileno(), out, info, formats[name])
+            for info in order:
+                _write_tensor(src.fileno(), out, info, formats[info.name])
                 _pad(out, gguf.alignment)
             out.flush()
             os.fsync(out.fileno())

@@ -238,8 +238,9 @@ def model_drafter(path: str | Path, target: NativeEngine, shortlist: int | None 
                          extra=context_rows(target.context_length))
         weights = DraftModelWeights(source, head)
     else:
-        # the arena the target has (its minimum's whenever the draft model streams: draft_model_share)
-        lent = min(lent_staging(target.source), target._engine.staging_bytes) if borrow_staging else 0
+        # the arena the target has: at least its minimum's whenever the draft model streams (its
+        # share was planned with that), often more where the target's plan rounded it up
+        lent = target._engine.staging_bytes if borrow_staging else 0
         planned = budgeted_draft_weights(source, target.source, target.context_length, target.kv_format, budget, lent)
         head = DraftHead(head_tensor, lambda rows: planned.read_rows(head_name, rows), ids,
                          extra=context_rows(target.context_length))
