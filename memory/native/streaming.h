@@ -6,8 +6,8 @@
 // A draft model and its target compute in turn, never at once, so a budgeted draft model streams
 // through its target's staging arena instead of one of its own (StagingArena). The target's slots
 // are sized for its largest unit, several of the draft model's, so the draft model keeps its first
-// streamed units in slots of their own for as long as it holds the arena: of the several draft
-// tokens of a step, only the first reads them.
+// streamed units in the arena, packed at their own sizes, for as long as it holds it: of the
+// several draft tokens of a step, only the first reads them.
 #pragma once
 
 #include <cstdint>
@@ -103,11 +103,10 @@ class StreamingWeights : public LayerSource, public HeadSource {
   void release_chunk(int64_t chunk) override;
 
   bool streams_head() const { return !head_units_.empty(); }
-  size_t staging_bytes() const;  // of the arena it streams through (a lender's, for a borrower)
-  bool borrows_staging() const { return borrowed_; }
+  size_t staging_bytes() const;  // of its own arena (0 for a borrower)
   int64_t retained_units() const { return retained_; }
   StreamStats stats() const { return stats_; }
-  // Another pass takes the arena: wait for this one's reads into it and forget what it holds.
+  // Another engine's pass takes the arena: wait for this one's reads into it, forget what it holds.
   void surrender();
 
  private:
@@ -144,7 +143,7 @@ class StreamingWeights : public LayerSource, public HeadSource {
   std::vector<uint8_t*> retained_at_;  // into arena_: where retained unit u always lands
   int64_t retained_ = 0;         // units 0..retained_-1 keep their place while this one holds the arena
   std::vector<std::vector<uint64_t>> retained_reads_;  // a retained unit's tickets while it is read
-  std::vector<bool> retained_valid_;                   // its bytes are in its slot
+  std::vector<bool> retained_valid_;                   // its bytes are in place
   std::vector<bool> slot_busy_;
   bool prefetch_;
   bool needs_head_ = true;

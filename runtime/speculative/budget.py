@@ -2,9 +2,8 @@
 self-drafter shares the engine's resident weights, so it is built after the engine): the lookup
 drafter's n-gram index (at its largest: every n-gram of a full context), the logits rows of a
 sampled verification pass, the self-drafter's KV cache, work buffers and head rows, and a draft
-model's share of the budget. The engines' memory
-comes from the engine's own function (plan_memory). The loader checks the drafter's real size
-against the reservation.
+model's share of the budget. The engines' memory comes from the engine's own function
+(plan_memory). The loader checks the drafter's real size against the reservation.
 
 A draft model under a budget is planned like any model (its own BudgetedWeights over its q4_0
 copy, draft_file.py, with a shortlist head instead of its full one), but with no staging slots of

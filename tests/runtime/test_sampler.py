@@ -35,6 +35,45 @@ def test_min_p_drops_unlikely():
     assert (probs[3:] == 0).all() and probs[2] > 0  # 0.1 < 0.25 * 0.5 <= 0.15
 
 
+def dense_probabilities(sampler: Sampler, logits: np.ndarray, history: list[int]) -> np.ndarray:
+    """The filters in order over the whole vocabulary, as written down: penalties, temperature,
+    top-k (ties at the k-th kept), softmax, min-p, top-p."""
+    p = sampler.params
+    x = sampler.adjusted_logits(logits, history).astype(np.float64) / p.temperature
+    keep = np.isfinite(x)
+    if p.top_k:
+        keep &= x >= np.sort(x)[-p.top_k]
+    probs = np.where(keep, np.exp(x - x.max()), 0.0)
+    probs /= probs.sum()
+    probs[probs < p.min_p * probs.max()] = 0.0
+    if p.top_p < 1.0:
+        order = np.argsort(-probs, kind="stable")
+        cut = int(np.searchsorted(np.cumsum(probs[order]), p.top_p)) + 1
+        probs[order[cut:]] = 0.0
+    return probs / probs.sum()
+
+
+@pytest.mark.parametrize("params", [
+    dict(temperature=0.8, top_k=40, top_p=0.95, min_p=0.05, repetition_penalty=1.1),  # the command line's
+    dict(temperature=1.3, top_p=0.9),  # no top-k: every token is a candidate
+    dict(temperature=0.5, top_k=7, presence_penalty=0.5, frequency_penalty=0.2),
+])
+def test_the_candidates_law_is_the_whole_vocabularys(params):
+    """Only top-k's candidates are worked on past the penalties; the law is the one the filters
+    give over the whole vocabulary (a tie at the k-th value included)."""
+    rng = np.random.default_rng(0)
+    logits = (rng.standard_normal(151_936) * 3).astype(np.float32)
+    logits[[5, 9]] = logits.max() - 0.5  # a tie among the best
+    logits[77] = -np.inf  # a token a constraint forbids
+    history = rng.integers(0, logits.size, 64).tolist() + [5]
+    sampler = Sampler(SamplingParams(**params))
+    ids, probs = sampler.distribution(logits, history)
+    want = dense_probabilities(sampler, logits, history)
+    assert ids.tolist() == np.flatnonzero(want).tolist() and 77 not in ids
+    np.testing.assert_allclose(probs, want[ids], rtol=1e-12)
+    np.testing.assert_array_equal(sampler.probabilities(logits, history)[ids], probs)
+
+
 def test_repetition_penalty_demotes_seen_tokens():
     sampler = Sampler(SamplingParams(repetition_penalty=10.0))
     assert sampler(LOGITS, history=[0]) == 1
