@@ -440,12 +440,13 @@ def joining_controller(usual: float, this_answer: list[float]) -> Controller:
     return c
 
 
-def test_a_draft_model_joins_only_answers_the_target_is_about_as_sure_of_as_usual():
+def test_a_draft_model_joins_answers_by_how_sure_the_target_is_of_them():
     """How sure the target is of its tokens predicts how often a draft model agrees with it. A
     draft model joins an answer the target is as sure of as usual (its rate there starts from its
     recent one), not one it is half as sure of (a passage continued: the catch-up on the prompt
     would cost more than drafting at half the rate gains), and judges by its recent rate alone
-    before the answer has shown enough plain steps, or where the target is surer than usual."""
+    before the answer has shown enough plain steps. Where the target is surer than usual the rate
+    rises too (the answers it was learned on were harder), up to MAX_JOINING."""
     usual = joining_controller(0.8, [0.8] * 8)
     assert usual.acceptance.joining("draft") == pytest.approx(usual.acceptance.long_run("draft"))
     assert usual.draft_more("draft", 1.0, 1, first=True, behind=196)
@@ -458,9 +459,26 @@ def test_a_draft_model_joins_only_answers_the_target_is_about_as_sure_of_as_usua
     too_few = joining_controller(0.8, [0.4] * (Acceptance.CONFIDENCE_STEPS - 1))
     assert too_few.draft_more("draft", 1.0, 1, first=True, behind=196)
 
-    # a surer answer than usual does not raise the rate: its length is not known yet
-    surer = joining_controller(0.6, [0.95] * 8)
-    assert surer.acceptance.joining("draft") == pytest.approx(surer.acceptance.long_run("draft"))
+    surer = joining_controller(0.8, [0.88] * 8)
+    long_run = surer.acceptance.long_run("draft")
+    assert long_run * 1.1 < Acceptance.MAX_JOINING
+    assert surer.acceptance.joining("draft") == pytest.approx(long_run * 1.1)
+    assert joining_controller(0.3, [0.95] * 8).acceptance.joining("draft") == Acceptance.MAX_JOINING
+
+
+def test_a_sure_short_answer_is_kept_from_a_long_catch_up_by_its_charge():
+    """The rate a sure answer earns does not draw a draft model into taking in a long prompt at the
+    answer's first steps: the catch-up is charged to the steps taken so far, so it joins once the
+    answer has shown it is long enough to repay it."""
+    c = joining_controller(0.6, [0.97] * Acceptance.CONFIDENCE_STEPS)
+    c.steps = Acceptance.CONFIDENCE_STEPS + 1
+    c.costs.catch_up_share["draft"] = 0.03  # a 196-token catch-up: 6 plain steps (as measured)
+    assert c.acceptance.joining("draft") == Acceptance.MAX_JOINING
+    assert not c.draft_more("draft", 1.0, 1, first=True, behind=196)
+    c.steps = 11  # nor at the 11th step, where a rate of 0.95 joined a 13-token answer
+    assert not c.draft_more("draft", 1.0, 1, first=True, behind=196)
+    c.steps = CATCH_UP_HORIZON
+    assert c.draft_more("draft", 1.0, 1, first=True, behind=196)
 
 
 def test_the_targets_confidence_is_counted_only_before_a_draft_model_drafts():
