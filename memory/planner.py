@@ -196,13 +196,14 @@ def _plan(layout: WeightLayout, budget: int, strategy: str, fixed: dict[str, int
         unit = _largest_unit(layout, resident, skip, head_name, whole_below)
         return unit * io.slots, unit
 
-    def borrowed(resident: set[str]) -> bool:
-        """Whether the streamed units' slots fit in the lent arena (two of them at the least)."""
-        unit = staging(resident)[1]
-        return bool(lent) and 0 < unit and 2 * unit <= lent
+    def fits_lent(unit: int) -> bool:
+        """Whether slots of `unit` bytes fit in the lent arena (two of them at the least)."""
+        return 0 < unit and 2 * unit <= lent
 
     def own_staging(resident: set[str]) -> int:
-        return 0 if borrowed(resident) else staging(resident)[0]
+        """The slots' bytes this plan pays for: none where they fit in the lent arena."""
+        slots_bytes, unit = staging(resident)
+        return 0 if fits_lent(unit) else slots_bytes
 
     fixed_total = sum(fixed.values())
     minimum = fixed_total + own_staging(set())  # rounding up to huge pages is never what refuses
@@ -233,7 +234,7 @@ def _plan(layout: WeightLayout, budget: int, strategy: str, fixed: dict[str, int
         if cost(spread) <= budget and staging(spread)[0] <= staging(resident)[0]:
             resident = spread
     staging_bytes, unit_bytes = staging(resident)  # make_plan rounds it up where the budget has room
-    lends = lent if borrowed(resident) else 0
+    lends = lent if fits_lent(unit_bytes) else 0
     if lends:  # as many units as the lent arena holds: reads are shaped for that many in flight
         io.slots, staging_bytes = lent // unit_bytes, 0
     head_chunk_rows = 0

@@ -33,7 +33,7 @@ TARGET_MARGIN = 1 << 20  # what the target's plan keeps above its minimum, for r
 # Sampled verification (a temperature, or a repeat penalty) needs each tree node's whole row of
 # logits, [nodes, vocab] floats, where greedy verification needs only each row's argmax. Under a
 # budget, a sampled tree has at most this many nodes, and their rows are reserved up front
-# (Qwen2.5-Coder's 151,936 tokens: 2.3 MiB; a 16-node tree's 9.3 MiB had gone over a 279 MB budget).
+# (Qwen2.5-Coder's 151,936 tokens: 2.3 MiB, where a 16-node tree's would be 9.3 MiB).
 SAMPLED_TREE_NODES = 4
 
 

@@ -172,8 +172,8 @@ class Acceptance:
     CONFIDENCE_STEPS = 4
     USUAL_WEIGHT = 0.25  # the newest answer's weight in the usual confidence
     # A rate scaled up by an answer's confidence goes no higher than a draft model agrees on a usual
-    # chat answer (the 0.5B with Qwen2.5-Coder-1.5B: 76%): at 0.95, a 13-token answer the target was
-    # sure of (0.97) drew the 0.5B into taking in its 201-token question at the 11th step (0.61x).
+    # chat answer (the 0.5B with Qwen2.5-Coder-1.5B: 76%): near certainty, a short answer the target
+    # is sure of would take in a long question before the answer shows it is long enough to repay it.
     MAX_JOINING = 0.8
 
     def __init__(self) -> None:
@@ -226,8 +226,8 @@ class Acceptance:
         answers; the 0.5B then agreed on 42-58% of tokens, not its long-run 76%, and taking in the
         250-token prompt cost more than drafting gained (0.91-0.94x plain decoding). Up as well: when
         the answers a draft model learned its rate on were hard ones, an easy answer is not left
-        plain (Qwen2.5-Coder-1.5B without a budget: after a first answer at 0.56 agreement the 0.5B
-        joined none of the next seven, whose agreement went up to 0.98), though not above MAX_JOINING:
+        plain for that (the rate of a first hard answer, 0.56, would keep the 0.5B out of answers it
+        agrees with on up to 98% of tokens), though not above MAX_JOINING:
         what the catch-up is charged (the steps the answer has taken so far, Controller.draft_more)
         then keeps a short answer the target is sure of from a catch-up it cannot repay."""
         mine = self._answer_confidence()
