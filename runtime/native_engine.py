@@ -126,6 +126,7 @@ class NativeEngine:
         except ValueError as e:
             raise UserError(f"{source.path}: {e}") from None
         self.tokens: list[int] = []
+        self._tree_tokens = np.empty(0, dtype=np.int32)  # of the last forward_tree/extend_tree, until committed
         self._last_logits = np.empty((1, spec.vocab_size), dtype=np.float32)  # decode needs one row
         self.weight_bytes = source.weight_bytes
         for name, t in source.tensors.items():  # wherever an arena's bytes come from, its down format is fixed
@@ -290,6 +291,24 @@ class NativeEngine:
         out = np.empty(n, dtype=np.int32) if argmax_only else np.empty((n, self.spec.vocab_size), dtype=np.float32)
         self._run(tokens, positions, np.ascontiguousarray(mask, dtype=np.uint8), np.arange(n, dtype=np.int32), out)
         self._tree_tokens = tokens
+        return out
+
+    def extend_tree(self, tokens: Sequence[int], depths: Sequence[int], mask: np.ndarray) -> np.ndarray:
+        """Grow the tree of the forward_tree/extend_tree calls since the last commit by `tokens`, at
+        positions len(self.tokens) + depth, each attending to the cache and to its ancestors among the
+        tree's tokens (`mask[i, j]`: new token i sees tree token j, the earlier calls' first; j runs
+        over all of them). Returns their logits [n, vocab]. What a draft model drafting a tree one
+        level at a time runs; the tree, old and new tokens together, must fit in max_batch."""
+        tokens = np.asarray(tokens, dtype=np.int32)
+        n, base = len(tokens), self._engine.tree_size  # a forward or truncate since dropped the tree
+        if len(self.tokens) + base + n > self.context_length:
+            raise UserError(f"context length exceeded: {len(self.tokens)} cached + a tree of {base + n} tokens "
+                            f"> {self.context_length}")
+        positions = (np.asarray(depths, dtype=np.int32) + self._engine.committed).astype(np.int32)
+        out = np.empty((n, self.spec.vocab_size), dtype=np.float32)
+        self._run(tokens, positions, np.ascontiguousarray(mask, dtype=np.uint8), np.arange(n, dtype=np.int32), out,
+                  True)
+        self._tree_tokens = np.concatenate([self._tree_tokens[:base], tokens])
         return out
 
     def commit_tree(self, path: Sequence[int]) -> None:

@@ -252,7 +252,9 @@ class PyEngine {
   }
 
   // `out`: float32 [len(logit_rows), vocab] logits, or int32 [len(logit_rows)] for the argmax only.
-  void forward(const In& tokens, const In& positions, std::optional<In> tree_mask, const In& logit_rows, Out out) {
+  // `extend_tree`: the tokens grow the uncommitted tree (tree_mask n x (tree size + n), Engine::forward).
+  void forward(const In& tokens, const In& positions, std::optional<In> tree_mask, const In& logit_rows, Out out,
+               bool extend_tree) {
     const int64_t n = static_cast<int64_t>(tokens.size());
     const int32_t* tok = exact<int32_t>(tokens, static_cast<size_t>(n), "tokens");
     const int32_t* pos = exact<int32_t>(positions, static_cast<size_t>(n), "positions");
@@ -262,11 +264,12 @@ class PyEngine {
     if (argmax ? out.size() != static_cast<size_t>(m)
                : (out.dtype() != nb::dtype<float>() || out.size() != static_cast<size_t>(m * shape().vocab)))
       throw KernelError("out must be float32 [len(logit_rows), vocab] or int32 [len(logit_rows)]");
-    const uint8_t* mask = tree_mask ? exact<uint8_t>(*tree_mask, static_cast<size_t>(n * n), "tree_mask") : nullptr;
+    const int64_t width = (extend_tree ? engine_->tree_size() : 0) + n;  // the tree's tokens each new one may see
+    const uint8_t* mask = tree_mask ? exact<uint8_t>(*tree_mask, static_cast<size_t>(n * width), "tree_mask") : nullptr;
     float* logits = argmax ? nullptr : static_cast<float*>(out.data());
     int32_t* best = argmax ? static_cast<int32_t*>(out.data()) : nullptr;
     nb::gil_scoped_release release;
-    engine_->forward(tok, pos, n, mask, rows, m, logits, best);
+    engine_->forward(tok, pos, n, mask, rows, m, logits, best, extend_tree);
   }
 
   // The final-normed hidden states of the last forward's logit rows, float32 [rows, d_model].
@@ -373,6 +376,7 @@ class PyEngine {
 
   int64_t truncate(int64_t n) { return engine_->truncate(n); }
   int64_t committed() const { return engine_->committed(); }
+  int64_t tree_size() const { return engine_->tree_size(); }
   EngineMemory memory() const { return engine_->memory(); }
   size_t laid_out_bytes() const {  // the copies of matrices laid out in panels at load
     size_t total = 0;
@@ -483,7 +487,7 @@ void bind_engine(nb::module_& m) {
       .def("share_layers", &PyEngine::share_layers, nb::arg("target"), nb::arg("layers"), nb::keep_alive<1, 2>(),
            "Run layers [0, layers) on the target engine's own layer weights (kept alive with this engine).")
       .def("forward", &PyEngine::forward, nb::arg("tokens"), nb::arg("positions"), nb::arg("tree_mask").none(),
-           nb::arg("logit_rows"), nb::arg("out"))
+           nb::arg("logit_rows"), nb::arg("out"), nb::arg("extend_tree") = false)
       .def("commit", &PyEngine::commit)
       .def("hidden", &PyEngine::hidden, nb::arg("out"),
            "Copy the final-normed hidden states of the last forward's logit rows into out [rows, d_model].")
@@ -505,6 +509,7 @@ void bind_engine(nb::module_& m) {
       .def_prop_ro("retained_units", &PyEngine::retained_units)
       .def_prop_ro("neuron_cache_bytes", &PyEngine::neuron_cache_bytes)
       .def_prop_ro("committed", &PyEngine::committed)
+      .def_prop_ro("tree_size", &PyEngine::tree_size, "Tree tokens forwarded and not yet committed.")
       .def_prop_ro("laid_out_bytes", &PyEngine::laid_out_bytes)
       .def_prop_ro("laid_out_in_place_bytes", &PyEngine::laid_out_in_place_bytes)
       .def("memory", &PyEngine::memory);

@@ -246,13 +246,15 @@ void Engine::ffn_from_arena(int64_t layer, const WeightMatrix& w, const float* x
   ffn_sparse(a, x, n, all_neurons_.data(), w.rows, shape_.act, thresholds, out, false);
 }
 
-void Engine::build_attention_mask(int64_t layer, int64_t n, const uint8_t* tree_mask) {
+void Engine::build_attention_mask(int64_t layer, int64_t n, int64_t base, const uint8_t* tree_mask) {
   // Committed slots are visible (the kernel still applies causality and the window); among the
-  // new tokens only the tree's ancestors are.
+  // tree's tokens (the `base` of earlier calls, then the new ones) only the tree's ancestors are.
   LayerCache& c = caches_[layer];
+  const int64_t width = base + n;
   mask_.assign(static_cast<size_t>(n * c.capacity), 1);
   for (int64_t i = 0; i < n; ++i)
-    for (int64_t j = 0; j < n; ++j) mask_[i * c.capacity + slots_[j]] = tree_mask[i * n + j] ? 1 : 0;
+    for (int64_t j = 0; j < width; ++j)
+      mask_[i * c.capacity + (committed_ + j) % c.capacity] = tree_mask[i * width + j] ? 1 : 0;
 }
 
 void Engine::check_part(int64_t layer, const LayerWeights& w, LayerPart part) const {
@@ -420,8 +422,11 @@ void Engine::run_block(int64_t layer, const LayerWeights& w, int64_t n, const in
 }
 
 void Engine::forward(const int32_t* tokens, const int32_t* positions, int64_t n, const uint8_t* tree_mask,
-                     const int32_t* logit_rows, int64_t n_logit_rows, float* logits, int32_t* argmax) {
+                     const int32_t* logit_rows, int64_t n_logit_rows, float* logits, int32_t* argmax,
+                     bool extend_tree) {
   if (n_logit_rows > 0 && !logits && !argmax) throw engine_error("logit rows requested without an output");
+  if (extend_tree && !tree_mask) throw engine_error("a tree is extended with a tree mask");
+  const int64_t base = extend_tree ? scratch_count_ : 0;  // tree tokens of earlier calls, kept
   if (tree_mask && options_.kv_format == Format::kivi2)  // its 2-bit blocks cannot take a tree's scratch slots
     throw engine_error("a kivi2 KV cache does not verify token trees (use f16 or q8_0 with speculative decoding)");
   const ModelShape& s = shape_;
@@ -433,7 +438,7 @@ void Engine::forward(const int32_t* tokens, const int32_t* positions, int64_t n,
   for (int64_t j = 0; j < n; ++j) {
     if (tokens[j] < 0 || tokens[j] >= s.vocab)
       throw engine_error("token id " + std::to_string(tokens[j]) + " is outside 0.." + std::to_string(s.vocab - 1));
-    const int64_t expect_min = committed_, expect_max = committed_ + n - 1;
+    const int64_t expect_min = committed_, expect_max = committed_ + base + n - 1;
     if (positions[j] < expect_min || positions[j] > expect_max || (!tree_mask && positions[j] != committed_ + j))
       throw engine_error("position " + std::to_string(positions[j]) + " of new token " + std::to_string(j) +
                          " does not follow the " + std::to_string(committed_) + " cached tokens");
@@ -443,8 +448,15 @@ void Engine::forward(const int32_t* tokens, const int32_t* positions, int64_t n,
   }
   for (int64_t r = 0; r < n_logit_rows; ++r)
     if (logit_rows[r] < 0 || logit_rows[r] >= n) throw engine_error("logit row out of range");
+  // a sliding-window layer's ring has max_batch slots of slack past its window for a tree
+  if (base + n > options_.max_batch)
+    throw engine_error("a tree of " + std::to_string(base + n) + " tokens is more than the batch of " +
+                       std::to_string(options_.max_batch));
+  if (committed_ + base + n > options_.context)  // its slots would wrap onto cached keys
+    throw engine_error("context full: " + std::to_string(committed_) + " cached + " + std::to_string(base + n) +
+                       " new tokens > context " + std::to_string(options_.context));
 
-  commit(nullptr, 0);  // drop an uncommitted tree from an earlier call
+  if (!extend_tree) commit(nullptr, 0);  // drop an uncommitted tree from an earlier call
   hidden_rows_ = 0;
   OpTimer forward_timer(prof(), Op::forward);
   if (profiling_) {
@@ -460,8 +472,8 @@ void Engine::forward(const int32_t* tokens, const int32_t* positions, int64_t n,
   source_->begin_pass(n_logit_rows > 0);
   for (int64_t layer = 0; layer < s.n_layers; ++layer) {
     const LayerCache& c = caches_[layer];
-    for (int64_t j = 0; j < n; ++j) slots_[j] = static_cast<int32_t>((committed_ + j) % c.capacity);
-    if (tree_mask) build_attention_mask(layer, n, tree_mask);
+    for (int64_t j = 0; j < n; ++j) slots_[j] = static_cast<int32_t>((committed_ + base + j) % c.capacity);
+    if (tree_mask) build_attention_mask(layer, n, base, tree_mask);
     const LayerWeights& w = [&]() -> const LayerWeights& {
       OpTimer timer(prof(), Op::weights_wait);
       return source_->acquire(layer);
@@ -471,8 +483,8 @@ void Engine::forward(const int32_t* tokens, const int32_t* positions, int64_t n,
   }
 
   if (tree_mask) {
-    scratch_count_ = n;
-    scratch_positions_.assign(positions, positions + n);
+    scratch_count_ = base + n;
+    scratch_positions_.insert(scratch_positions_.end(), positions, positions + n);  // emptied by commit
   } else {
     committed_ += n;
   }

@@ -115,8 +115,13 @@ class Engine {
   // `logit_rows` are written to `logits` ([n_logit_rows, vocab]).
   // With `logits` null and `argmax` set, only each listed row's most likely token is returned
   // (greedy verification of a token tree without [rows, vocab] of logits in memory).
+  // `extend_tree`: the new tokens grow the tree still uncommitted from the calls before (a draft
+  // model drafting a tree level by level) instead of replacing it; tree_mask is then
+  // n x (tree_size() + n), over the tree's earlier tokens and the new ones, and every token of the
+  // tree, earlier or new, counts against max_batch.
   void forward(const int32_t* tokens, const int32_t* positions, int64_t n, const uint8_t* tree_mask,
-               const int32_t* logit_rows, int64_t n_logit_rows, float* logits, int32_t* argmax = nullptr);
+               const int32_t* logit_rows, int64_t n_logit_rows, float* logits, int32_t* argmax = nullptr,
+               bool extend_tree = false);
 
   // Keep the keys/values of the listed new tokens (tree node indices of the last forward, in
   // path order) as the next committed positions; drop the rest of the scratch slots.
@@ -133,6 +138,7 @@ class Engine {
   int64_t truncate(int64_t n);
 
   int64_t committed() const { return committed_; }
+  int64_t tree_size() const { return scratch_count_; }  // tree tokens forwarded and not yet committed
   const ModelShape& shape() const { return shape_; }
   const EngineOptions& options() const { return options_; }
   EngineMemory memory() const;
@@ -166,7 +172,7 @@ class Engine {
   // The gate, up and down parts of an arena as strided matrices (read in place).
   void arena_parts(int64_t layer, const WeightMatrix& a, WeightMatrix* gate_up, WeightMatrix* down) const;
   void ffn_from_arena(int64_t layer, const WeightMatrix& arena, const float* x, int64_t n, float* out);
-  void build_attention_mask(int64_t layer, int64_t n, const uint8_t* tree_mask);
+  void build_attention_mask(int64_t layer, int64_t n, int64_t base, const uint8_t* tree_mask);
   void embed(const int32_t* tokens, int64_t n, float* x);
   void complete(PartialSums::Point point, int64_t layer, float* x, int64_t count);
   void compute_logits(int64_t m, float* logits);

@@ -90,6 +90,40 @@ def test_token_tree_verification_and_commit(tiny_sources):
     np.testing.assert_allclose(native.forward([nxt])[-1], ref.forward([nxt])[-1], atol=tol)
 
 
+def test_a_tree_grown_level_by_level_scores_as_the_whole_tree(tiny_sources):
+    """A draft model drafts its tree one level at a time: each extend_tree call adds tokens under
+    the uncommitted ones before, and gives the logits the whole tree in one pass would; commit
+    keeps a path through every level; a tree larger than the batch is refused."""
+    source = tiny_sources["gemma3-local-global"]
+    prompt = _prompt(source, 20)
+    x, y1, y2, z1, z2 = _prompt(source, 5, seed=3)
+    # Level 1: x and y1 (siblings). Level 2: y2 under x, z1 under y1. Level 3: z2 under y2.
+    tokens, depths, parents = [x, y1, y2, z1, z2], [0, 0, 1, 1, 2], [-1, -1, 0, 1, 2]
+    mask = np.zeros((5, 5), dtype=np.uint8)
+    for i in range(5):
+        j = i
+        while j >= 0:
+            mask[i, j], j = 1, parents[j]
+    native = NativeEngine(source, max_batch=8, context_length=128)
+    native.forward(prompt)
+    whole = native.forward_tree(tokens, depths, mask)
+    native.truncate(len(prompt))
+    levels = [native.forward_tree(tokens[:2], depths[:2], mask[:2, :2])]
+    levels.append(native.extend_tree(tokens[2:4], depths[2:4], mask[2:4, :4]))
+    levels.append(native.extend_tree(tokens[4:], depths[4:], mask[4:, :5]))
+    assert native._engine.tree_size == 5
+    np.testing.assert_allclose(np.concatenate(levels), whole, atol=_tol(whole))
+    native.commit_tree([0, 2, 4])  # x, y2, z2
+    assert native.tokens == prompt + [x, y2, z2]
+
+    ref = ReferenceEngine(source, kv_dtype="f16")
+    expected = ref.forward(prompt + [x, y2, z2, y1], all_logits=True)[-1]
+    np.testing.assert_allclose(native.forward([y1])[-1], expected, atol=_tol(expected))
+    native.forward_tree([x] * 6, [0] * 6, np.eye(6, dtype=np.uint8))
+    with pytest.raises(Exception, match="a tree of 9 tokens is more than the batch of 8"):
+        native.extend_tree([y1] * 3, [1] * 3, np.ones((3, 9), dtype=np.uint8))
+
+
 def test_rollback_within_and_beyond_ring_slack(tiny_sources):
     source = tiny_sources["gemma3-local-global"]
     prompt = _prompt(source, 40)
