@@ -26,7 +26,7 @@ from edgeflash.runtime.native_config import engine_memory, engine_options
 from edgeflash.runtime.source import ModelSource
 from edgeflash.runtime.spec import ModelSpec
 from edgeflash.runtime.speculative.draft_head import DEFAULT_DRAFT_SHORTLIST, context_rows, head_bytes
-from edgeflash.runtime.speculative.drafters import LookupDrafter, lookup_index_bytes
+from edgeflash.runtime.speculative.drafters import LookupDrafter, level_logits_bytes, lookup_index_bytes
 from edgeflash.runtime.speculative.self_draft import DEFAULT_SHORTLIST, SELF_DRAFT_MAX_BATCH
 
 TARGET_MARGIN = 1 << 20  # what the target's plan keeps above its minimum, for rounding
@@ -75,7 +75,7 @@ def speculative_reserve(kind: str, source: ModelSource, context: int | None, kv_
         draft = dataclasses.replace(spec, n_layers=layers, layer_kinds=spec.layer_kinds[:layers])
         head = source.tensors["token_embd.weight" if spec.tied_embeddings else "output.weight"]
         total += _engine_bytes(draft, context, SELF_DRAFT_MAX_BATCH, kv_format, "q8x2") + \
-            head_bytes(head, DEFAULT_SHORTLIST, extra=0)
+            head_bytes(head, DEFAULT_SHORTLIST, extra=0) + level_logits_bytes(spec.vocab_size)
     path = draft_model_path(kind, source)
     if path is None:
         return total
@@ -101,7 +101,7 @@ def draft_model_bytes(path: str | Path, target: ModelSource, context: int, kv_fo
     head = d.tensors[head_tensor_name(d)]
     weights = sum(t.nbytes for n, t in d.tensors.items() if n != "output.weight")
     return weights + head_bytes(head, DEFAULT_DRAFT_SHORTLIST, context_rows(context)) + \
-        _engine_bytes(d.spec, context, DRAFT_MAX_BATCH, kv_format, DRAFT_ACTIVATIONS)
+        level_logits_bytes(d.spec.vocab_size) + _engine_bytes(d.spec, context, DRAFT_MAX_BATCH, kv_format, DRAFT_ACTIVATIONS)
 
 
 def draft_model_share(path: str | Path, target: ModelSource, context: int, kv_format: str, room: int,

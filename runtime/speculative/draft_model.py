@@ -36,7 +36,7 @@ from edgeflash.runtime.speculative.draft_head import (
     head_bytes,
     shortlist_ids,
 )
-from edgeflash.runtime.speculative.drafters import ModelDrafter
+from edgeflash.runtime.speculative.drafters import ModelDrafter, level_logits_bytes
 
 DRAFT_ACTIVATIONS = "q8"
 DRAFT_REQUANTIZE = "q4_0"  # what a draft model's wider matrices become at load without a budget
@@ -154,10 +154,11 @@ class DraftModelWeights:
         return {"head_shortlist_rows": self.head.count}
 
     def memory_bytes(self, engine: NativeEngine) -> int:
-        """Weights (all but the head, as converted at load), head rows, KV cache and work buffers."""
+        """Weights (all but the head, as converted at load), head rows, KV cache, work buffers and a
+        tree level's logits."""
         untied_head = self.source.tensors.get("output.weight")
         weights = engine.weight_bytes - (untied_head.nbytes if untied_head is not None else 0)
-        return weights + self.head.nbytes + _buffers(engine)
+        return weights + self.head.nbytes + _buffers(engine) + level_logits_bytes(engine.spec.vocab_size)
 
 
 class BudgetedDraftWeights:
@@ -212,7 +213,8 @@ def budgeted_draft_weights(draft: ModelSource, target: ModelSource, context: int
 
     head = draft.tensors[head_tensor_name(draft)]
     fixed = {"draft_head": head_bytes(head, DEFAULT_DRAFT_SHORTLIST, context_rows(context)) + ROW_READ_BYTES,
-             "draft_metadata": opening_bytes(draft.path, target)}
+             "draft_metadata": opening_bytes(draft.path, target),
+             "draft_level_logits": level_logits_bytes(draft.spec.vocab_size)}
     return BudgetedWeights(draft, budget=budget, options=draft_options(draft, context, kv_format, True),
                            fixed_costs=fixed, full_head=False, panels=True,
                            lent_staging=lent_staging(target) if lent is None else lent)

@@ -2,11 +2,11 @@
 
 - LookupDrafter: no weights. The context's own n-grams: where the last few tokens occurred
   before, what followed (several earlier occurrences become several branches).
-- ModelDrafter: a smaller engine run greedily, token by token, while the controller finds the
-  next token worth its forward: a separate draft model with the same tokenizer (draft_model.py),
-  or the target's own first layers (self_draft.py). Both compute a head over a shortlist of tokens
-  (draft_head.py). Each drafted token's runner-up is offered too, as a leaf the controller may
-  verify when passes are cheap.
+- ModelDrafter: a smaller engine drafting a tree one level at a time (each node's two likeliest
+  tokens, the likeliest nodes of a level forwarded together) while the controller finds the next
+  level worth its forward: a separate draft model with the same tokenizer (draft_model.py), or the
+  target's own first layers (self_draft.py). Both compute a head over a shortlist of tokens
+  (draft_head.py).
 - Drafters: the set a decoder drafts with (`auto`: lookup and a draft model).
 """
 
@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
 from edgeflash.runtime.speculative import learned
 from edgeflash.runtime.speculative.controller import RUNNER_UP, Acceptance, Controller, CostModel, Guard, now
 from edgeflash.runtime.speculative.tree import DraftTree
@@ -85,8 +86,14 @@ def lookup_index_bytes(entries: int, tokens: int) -> int:
     return INDEX_ENTRY_BYTES * entries + SEEN_TOKEN_BYTES * tokens
 
 
+def level_logits_bytes(vocab_size: int) -> int:
+    """What a model drafter's forward of a tree level returns: a row of logits per node."""
+    return ModelDrafter.LEVEL_WIDTH * vocab_size * 4
+
+
 class ModelDrafter:
-    """Greedy chains from a draft engine whose KV cache follows the committed context. `head`
+    """Token trees from a draft engine whose KV cache follows the committed context (and the nodes
+    of its last tree, until the next step keeps those the target accepted). `head`
     (draft_head.DraftHead) holds the shortlist the engine's head computes.
 
     The draft engine sees the context's first SINK tokens and, from where it joined, the rest: on a
@@ -101,9 +108,11 @@ class ModelDrafter:
     # pause cost about a forward, 2-3x a new prompt's per token, and priced the next prompt so high
     # that the draft model stopped joining answers.
     PRICED_CATCH_UP = 32
+    LEVEL_WIDTH = 2  # nodes of a tree level forwarded together, at most (Controller.widen)
 
     def __init__(self, engine: Any, head: Any, name: str):
         self.engine, self.head, self.name = engine, head, name
+        self._drafted: list[tuple[int, int]] = []  # the draft engine's uncommitted tree: (token, parent index or -1)
         self._join = 0  # history index from which the draft engine has every token (after the sink)
         self.catch_up_s = 0.0  # seconds this step's drafting spent taking in context it had not seen
 
@@ -165,34 +174,81 @@ class ModelDrafter:
         return logits
 
     def extend(self, tree: DraftTree, history: list[int], controller: Controller, max_depth: int) -> bool:
-        """Draft under the root while the controller finds the next token worth its forward.
-        Whether the draft model ran at all."""
+        """Draft a tree under the root one level at a time while the controller finds the likeliest
+        node of the level worth a forward: each forwarded node gets its top two tokens as children,
+        and the next level forwards the likeliest of those (up to LEVEL_WIDTH, as the controller
+        widens it) in one batch. Whether the draft model ran at all."""
         e = self.engine
         self.catch_up_s = 0.0
+        self._keep_drafted(self._view(history))
         steps = min(max_depth, e.context_length - len(history) - 1)
         memo: dict[int, float] = {}
         if steps <= 0 or not controller.draft_more(self.name, 1.0, controller.worth_verifying(tree, memo), first=True,
                                                    behind=self.behind(history)):
             return False
-        node = 0
-        for depth in range(1, steps + 1):
-            if depth == 1:
-                logits = self._catch_up(history, controller)
-            else:
-                t0 = now()
-                logits = e.forward([tree.tokens[node]])[-1]
-                controller.costs.record_draft(self.name, now() - t0)
-            token, p, runner_up, p2 = self.head.best_two(logits)
-            trust = controller.acceptance.estimate  # where lookup proposed the same token
-            if p2 > 0:  # the runner-up, as a leaf: verified only where passes are cheap
-                tree.add(node, runner_up, self.name + RUNNER_UP, p2, trust)
-            node = tree.add(node, token, self.name, p, trust)
+        level = self._expand(tree, 0, self._catch_up(history, controller), controller)
+        forwarded: dict[int, int] = {}  # tree node -> its index in the draft engine's uncommitted tree
+        for _ in range(1, steps):
+            if tree.size >= controller.max_nodes:
+                break
             memo.clear()
-            reach = controller.reach(tree, node, memo)
-            if depth == steps or tree.size >= controller.max_nodes or \
-                    not controller.draft_more(self.name, reach, controller.worth_verifying(tree, memo)):
-                return True
+            ranked = sorted(level, key=lambda i: -controller.reach(tree, i, memo))
+            width = controller.worth_verifying(tree, memo)
+            if not ranked or not controller.draft_more(self.name, memo[ranked[0]], width):
+                break
+            chosen = ranked[:1] + [i for i in ranked[1:self.LEVEL_WIDTH] if controller.widen(self.name, memo[i], width)]
+            room = min(e.max_batch, e.context_length - len(e.tokens)) - len(forwarded)  # the draft tree's slots
+            chosen = chosen[:max(0, room)]
+            if not chosen:
+                break
+            t0 = now()
+            rows = self._forward_level(tree, chosen, forwarded)
+            controller.costs.record_draft(self.name, now() - t0)
+            level = [child for node, row in zip(chosen, rows) for child in self._expand(tree, node, row, controller)]
         return True
+
+    def _expand(self, tree: DraftTree, node: int, logits: Any, controller: Controller) -> list[int]:
+        """Add the draft's two likeliest tokens after `node` as its children: the nodes added."""
+        token, p, runner_up, p2 = self.head.best_two(logits)
+        trust = controller.acceptance.estimate  # where lookup proposed the same token
+        added = [tree.add(node, token, self.name, p, trust)]
+        if p2 > 0:  # the runner-up: a leaf unless the next level finds it worth a forward
+            added.append(tree.add(node, runner_up, self.name + RUNNER_UP, p2, trust))
+        return added
+
+    def _forward_level(self, tree: DraftTree, nodes: list[int], forwarded: dict[int, int]) -> Any:
+        """Logits after each of `nodes` (children of the root or of forwarded nodes), forwarded together
+        as the next tokens of the draft engine's uncommitted tree."""
+        base = len(forwarded)
+        mask = np.zeros((len(nodes), base + len(nodes)), dtype=np.uint8)
+        for row, node in enumerate(nodes):
+            mask[row, base + row] = 1
+            parent = tree.parents[node]
+            while parent > 0:  # the root is the last committed token: every query sees it
+                mask[row, forwarded[parent]] = 1
+                parent = tree.parents[parent]
+        for row, node in enumerate(nodes):
+            forwarded[node] = base + row
+            self._drafted.append((tree.tokens[node], forwarded.get(tree.parents[node], -1)))
+        return self.engine.extend_tree([tree.tokens[i] for i in nodes], [tree.depth[i] - 1 for i in nodes], mask)
+
+    def _keep_drafted(self, view: list[int]) -> None:
+        """Keep the last step's drafted nodes the context went on with (the target accepted them) in
+        the draft cache: the draft engine then forwards only what follows them."""
+        drafted, self._drafted = self._drafted, []
+        e = self.engine
+        at = len(e.tokens)
+        if not drafted or e._engine.tree_size != len(drafted) or view[:at] != e.tokens:
+            return
+        path, parent = [], -1
+        for token in view[at:-1]:  # the last token is the new root: the catch-up forwards it
+            node = next((k for k, (t, p) in enumerate(drafted) if p == parent and t == token), None)
+            if node is None:
+                break
+            path.append(node)
+            parent = node
+        if path:
+            e.commit_tree(path)
 
     def memory_bytes(self) -> int:
         return self.engine.weights.memory_bytes(self.engine)  # the draft engine's weight source knows

@@ -12,7 +12,7 @@ import numpy as np
 from edgeflash.base.errors import UserError
 from edgeflash.runtime.native_engine import NativeEngine, ResidentWeights
 from edgeflash.runtime.speculative.draft_head import DraftHead, shortlist_ids
-from edgeflash.runtime.speculative.drafters import ModelDrafter
+from edgeflash.runtime.speculative.drafters import ModelDrafter, level_logits_bytes
 
 DEFAULT_SHORTLIST = 8192
 SELF_DRAFT_MAX_BATCH = 16
@@ -56,9 +56,10 @@ class SelfDraftWeights:
         return {"head_shortlist_bytes": self.head.rows.nbytes}
 
     def memory_bytes(self, engine: NativeEngine) -> int:
-        """Head rows, KV cache and work buffers (the layers are the target's)."""
+        """Head rows, KV cache, work buffers and a tree level's logits (the layers are the target's)."""
         stats = engine.stats()
-        return self.head.nbytes + sum(int(stats.get(k, 0)) for k in ("kv_cache_bytes", "activation_bytes"))
+        return self.head.nbytes + sum(int(stats.get(k, 0)) for k in ("kv_cache_bytes", "activation_bytes")) + \
+            level_logits_bytes(engine.spec.vocab_size)
 
 
 def self_draft_engine(target: NativeEngine, layers: int, shortlist: int = DEFAULT_SHORTLIST,

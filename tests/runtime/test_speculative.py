@@ -11,7 +11,7 @@ from edgeflash.export.corpus import heldout_windows
 from edgeflash.runtime.sampler import Sampler, SamplingParams
 from edgeflash.runtime.speculative.controller import Acceptance
 from edgeflash.runtime.speculative.decoder import SpeculativeDecoder
-from edgeflash.runtime.speculative.drafters import LookupDrafter
+from edgeflash.runtime.speculative.drafters import LookupDrafter, ModelDrafter
 from edgeflash.runtime.speculative.tree import DraftTree
 
 PASSAGE = heldout_windows(1, chars_per_window=700, offset_chars=150_000)[0]
@@ -56,7 +56,8 @@ def test_a_generation_drafts_no_deeper_than_the_tokens_it_still_asks_for(smol_bu
     spec = m.generate(STORY, max_tokens=4, speculative=kind)
     assert spec.tokens == plain.tokens
     draft = spec.stats["spec_by_drafter"]["draft"]
-    assert draft["passes"] >= 1 and draft["verified"] <= 2 * draft["passes"], draft
+    # two deep: the top choice at depth 1, and one under each node of depth 1 the second level forwarded
+    assert draft["passes"] >= 1 and draft["verified"] <= (1 + ModelDrafter.LEVEL_WIDTH) * draft["passes"], draft
 
 
 @pytest.mark.parametrize("bundle_fixture", ["smol_bundle", "gemma_bundle"])
@@ -117,6 +118,35 @@ def test_a_draft_model_lays_out_its_layers_but_not_a_head_it_never_reads(smol_bu
                                               for how in drafter.engine.conversions.values())
     layer_bytes = sum(t.nbytes for name, t in source.tensors.items() if name.startswith("blk."))
     assert 0 < drafter.engine.stats()["laid_out_bytes"] <= layer_bytes
+
+
+def test_a_draft_model_drafts_a_tree_and_keeps_what_the_target_accepted(smol_bundle, smollm_path):
+    """Where drafting costs nothing, the draft model forwards two nodes a level (its top choice and
+    the runner-up, in one batch), and the next step keeps the drafted nodes the target accepted in
+    the draft cache instead of forwarding them again."""
+    from edgeflash.runtime.speculative.controller import Controller, CostModel
+    from edgeflash.runtime.speculative.draft_model import model_drafter
+
+    m = ef.load(smol_bundle)
+    drafter = model_drafter(smollm_path, m.engine)
+    costs = CostModel()
+    costs.plain, costs.verify = 1.0, {w: 1.0 for w in range(2, 65)}
+    costs.draft_share, costs.catch_up_share = {"draft": 0.0}, {"draft": 0.0}
+    c = Controller(16, costs, Acceptance())
+    c.acceptance.model_recent["draft"] = 0.9
+    prompt = m.encode(STORY)
+    tree = DraftTree.root(prompt[-1])
+    assert drafter.extend(tree, prompt, c, max_depth=4)
+    engine = drafter.engine
+    assert engine._engine.tree_size == len(drafter._drafted) > 3  # three levels after the first, wider than a chain
+    assert max(tree.depth) == 4
+    chain, node = [], len(drafter._drafted) - 1
+    while node >= 0:  # the path to the last node forwarded: one a level
+        token, node = drafter._drafted[node]
+        chain.insert(0, token)
+    assert len(chain) == 3
+    drafter._keep_drafted(drafter._view(prompt + chain))  # the target took two; the third is the new root
+    assert engine.tokens == drafter._view(prompt + chain)[:-1] and engine._engine.tree_size == 0
 
 
 def test_a_budgeted_draft_model_lays_out_its_resident_layers_in_place(smol_bundle, smollm_path):

@@ -106,6 +106,23 @@ def test_flash_bound_passes_take_wide_trees_and_compute_bound_ones_narrow():
     assert len(compute.nodes) <= 4 and all(tree.origins[n] != "draft+runner-up" for n in compute.nodes[1:])
 
 
+def test_a_draft_level_widens_where_passes_are_cheap_and_the_runner_up_is_likely():
+    """The second node of a draft model's tree level costs a fifth of a forward and its place in
+    the pass: taken when flash-bound for a likely node, not for an unlikely one, nor when each node
+    of a pass costs compute, nor when the tree is full."""
+    def controller(pass_cost, max_nodes=32):
+        c = Controller(max_nodes, costs(pass_cost), Acceptance())
+        c.costs.record_draft("draft", 0.2 * PLAIN)
+        c.acceptance.model_recent["draft"] = 0.7
+        return c
+
+    flash = controller(lambda w: PLAIN * 1.05)
+    assert flash.widen("draft", 0.3, 4)
+    assert not flash.widen("draft", 0.01, 4)  # 0.007 plain steps of worth against 0.04 of a forward
+    assert not controller(lambda w: PLAIN * (1 + 0.3 * (w - 1))).widen("draft", 0.3, 4)
+    assert not controller(lambda w: PLAIN * 1.05, max_nodes=4).widen("draft", 0.3, 4)
+
+
 def test_text_that_is_never_accepted_gets_plain_steps():
     c = Controller(16, costs(lambda w: PLAIN * (1 + 0.1 * (w - 1))), Acceptance())
     verified = 0
