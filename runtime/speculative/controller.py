@@ -386,7 +386,6 @@ class Controller:
         if first and behind <= PROBE_EVERY + 2 and \
                 self.steps - self.last_draft.get(origin, self.steps) >= PROBE_EVERY:
             return self._drafts(origin)
-        plain = self.costs.plain or 1.0
         draft = self.costs.draft(origin)
         joins = first and origin not in self.drafted
         rate = self.acceptance.joining(origin) if joins else self.acceptance.recent(origin)
@@ -395,9 +394,7 @@ class Controller:
             if catch_up is None:  # what a catch-up costs is measured once, not guessed
                 return self.steps >= FIRST_CATCH_UP and self._drafts(origin)
             draft += behind * catch_up / min(CATCH_UP_HORIZON, max(1, self.steps))
-        worth = reach * rate * plain
-        extra = self.costs.pass_cost(width + 1) - self.costs.pass_cost(width)
-        if worth > draft + extra:
+        if self._gain(reach, rate, width) > draft:
             if joins:  # its rate in this answer starts from what the target's confidence said
                 self.acceptance.model_recent[origin] = rate
             return self._drafts(origin)
@@ -410,9 +407,13 @@ class Controller:
         it costs a share of a forward (LEVEL_NODE_SHARE) and its children's place in the pass."""
         if width >= self.max_nodes:
             return False
-        worth = reach * self.acceptance.recent(origin) * (self.costs.plain or 1.0)
+        return self._gain(reach, self.acceptance.recent(origin), width) > LEVEL_NODE_SHARE * self.costs.draft(origin)
+
+    def _gain(self, reach: float, rate: float, width: int) -> float:
+        """Seconds a drafted child of a node reached with probability `reach` saves, the draft model
+        being right at `rate`, less what one more node adds to a pass of `width` nodes."""
         extra = self.costs.pass_cost(width + 1) - self.costs.pass_cost(width)
-        return worth > LEVEL_NODE_SHARE * self.costs.draft(origin) + extra
+        return reach * rate * (self.costs.plain or 1.0) - extra
 
     def _drafts(self, origin: str) -> bool:
         """`origin` drafts this step (what the idle-probe rule counts from)."""

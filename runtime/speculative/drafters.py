@@ -220,16 +220,12 @@ class ModelDrafter:
         """Logits after each of `nodes` (children of the root or of forwarded nodes), forwarded together
         as the next tokens of the draft engine's uncommitted tree."""
         base = len(forwarded)
-        mask = np.zeros((len(nodes), base + len(nodes)), dtype=np.uint8)
-        for row, node in enumerate(nodes):
-            mask[row, base + row] = 1
-            parent = tree.parents[node]
-            while parent > 0:  # the root is the last committed token: every query sees it
-                mask[row, forwarded[parent]] = 1
-                parent = tree.parents[parent]
         for row, node in enumerate(nodes):
             forwarded[node] = base + row
             self._drafted.append((tree.tokens[node], forwarded.get(tree.parents[node], -1)))
+        mask = np.zeros((len(nodes), base + len(nodes)), dtype=np.uint8)
+        for row, node in enumerate(nodes):  # the root is the last committed token: every query sees it
+            mask[row, [forwarded[a] for a in tree.path_to(node)[1:]]] = 1
         return self.engine.extend_tree([tree.tokens[i] for i in nodes], [tree.depth[i] - 1 for i in nodes], mask)
 
     def _keep_drafted(self, view: list[int]) -> None:
