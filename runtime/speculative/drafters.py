@@ -188,9 +188,11 @@ class ModelDrafter:
             return False
         level = self._expand(tree, 0, self._catch_up(history, controller), controller)
         forwarded: dict[int, int] = {}  # tree node -> its index in the draft engine's uncommitted tree
+        # The tree may hold more nodes than a pass verifies: most runner-up leaves are not worth
+        # verifying, and a draft that stopped once they filled a pass's nodes saw the target accept
+        # every level it drafted in most passes at 25% of Qwen2.5-Coder-1.5B (40 of 72 on 6
+        # MT-Bench answers). draft_more stops when the nodes worth verifying fill a pass.
         for _ in range(1, steps):
-            if tree.size >= controller.max_nodes:
-                break
             memo.clear()
             ranked = sorted(level, key=lambda i: -controller.reach(tree, i, memo))
             width = controller.worth_verifying(tree, memo)

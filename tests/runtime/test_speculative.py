@@ -149,6 +149,32 @@ def test_a_draft_model_drafts_a_tree_and_keeps_what_the_target_accepted(smol_bun
     assert engine.tokens == drafter._view(prompt + chain)[:-1] and engine._engine.tree_size == 0
 
 
+def test_a_draft_model_drafts_on_past_leaves_no_pass_would_verify(smol_bundle, smollm_path):
+    """The runner-up leaves a draft model adds are not worth verifying when the target never accepts
+    them; they do not count against the nodes a pass verifies, so the draft goes on down its top
+    choices until those fill a pass (here 6 nodes: the root and 5 levels), though the tree then holds
+    more nodes than a pass takes."""
+    from edgeflash.runtime.speculative.controller import RUNNER_UP, Controller, CostModel
+    from edgeflash.runtime.speculative.draft_model import model_drafter
+
+    m = ef.load(smol_bundle)
+    drafter = model_drafter(smollm_path, m.engine)
+    costs = CostModel()
+    costs.plain, costs.verify = 1.0, {w: 1.0 for w in range(2, 65)}
+    costs.draft_share, costs.catch_up_share = {"draft": 0.0}, {"draft": 0.0}
+    acceptance = Acceptance()
+    acceptance._table("draft")[:] = (95.0, 100.0)  # its top choices: nearly always accepted
+    acceptance._table("draft" + RUNNER_UP)[:] = (0.0, 100.0)  # its runner-ups: never
+    c = Controller(6, costs, acceptance)
+    prompt = m.encode(STORY)
+    tree = DraftTree.root(prompt[-1])
+    assert drafter.extend(tree, prompt, c, max_depth=8)
+    assert max(tree.depth) == 5 and tree.size > c.max_nodes
+    selection = c.select(tree)
+    assert len(selection.nodes) == c.max_nodes
+    assert all(tree.origins[i] == "draft" for i in selection.nodes[1:])  # the chain of top choices
+
+
 def test_a_budgeted_draft_model_lays_out_its_resident_layers_in_place(smol_bundle, smollm_path):
     """Under a budget a draft model's resident layer matrices are laid out in panels in the buffers
     they were read into (the kernels run a token 2-3x faster from panels than from rows), with no
