@@ -129,9 +129,7 @@ def test_a_draft_model_drafts_a_tree_and_keeps_what_the_target_accepted(smol_bun
 
     m = ef.load(smol_bundle)
     drafter = model_drafter(smollm_path, m.engine)
-    costs = CostModel()
-    costs.plain, costs.verify = 1.0, {w: 1.0 for w in range(2, 65)}
-    costs.draft_share, costs.catch_up_share = {"draft": 0.0}, {"draft": 0.0}
+    costs = _free_costs(CostModel())
     c = Controller(16, costs, Acceptance())
     c.acceptance.model_recent["draft"] = 0.9
     prompt = m.encode(STORY)
@@ -159,9 +157,7 @@ def test_a_draft_model_drafts_on_past_leaves_no_pass_would_verify(smol_bundle, s
 
     m = ef.load(smol_bundle)
     drafter = model_drafter(smollm_path, m.engine)
-    costs = CostModel()
-    costs.plain, costs.verify = 1.0, {w: 1.0 for w in range(2, 65)}
-    costs.draft_share, costs.catch_up_share = {"draft": 0.0}, {"draft": 0.0}
+    costs = _free_costs(CostModel())
     acceptance = Acceptance()
     acceptance._table("draft")[:] = (95.0, 100.0)  # its top choices: nearly always accepted
     acceptance._table("draft" + RUNNER_UP)[:] = (0.0, 100.0)  # its runner-ups: never
@@ -399,14 +395,20 @@ def test_speculative_sampling_keeps_the_model_distribution(smol_bundle, smollm_p
     assert chi2 < critical.get(len(keys) - 1, 3 * len(keys)), (chi2, len(keys))
 
 
+def _free_costs(costs):
+    """`costs` with verification, drafting and catching up costing nothing next to a plain step."""
+    costs.plain, costs.verify = 1.0, {w: 1.0 for w in range(2, 65)}
+    costs.draft_share = {"draft": 0.0, "self": 0.0}
+    costs.catch_up_share = {"draft": 0.0, "self": 0.0}
+    return costs
+
+
 def _free_passes(drafters, greedy: bool = False) -> None:
     """Tell the controller that verification, drafting and catching up cost nothing next to a plain
     step (so a slow moment of a shared machine cannot pause speculation)."""
     costs, acceptance, guards = drafters.state(greedy=greedy)
     guards.clear()  # what real passes taught the guards before
-    costs.plain, costs.verify = 1.0, {w: 1.0 for w in range(2, 65)}
-    costs.draft_share = {"draft": 0.0, "self": 0.0}
-    costs.catch_up_share = {"draft": 0.0, "self": 0.0}
+    _free_costs(costs)
     acceptance.lookup[:] = 0.9
     acceptance.model_recent["draft"] = acceptance.model_recent["self"] = 0.9
 
