@@ -439,14 +439,21 @@ class Controller:
 
     def _accepted_under_parent(self, tree, node: int) -> float:
         """P(the target accepts `node` | its parent was accepted). Siblings are different tokens, so
-        at most one of them is accepted: estimates that add up to more than 1 (each drafter judged
-        its own) are scaled down to sum to 1."""
+        at most one of them is accepted: where their estimates add up to more than 1 (each drafter
+        judged its own), the likelier ones keep theirs and the others share what is left. (Scaled
+        down together, a lookup guess beside a sure draft-model token took a share of the draft's
+        whole subtree and the draft model stopped early: at 25% of Qwen2.5-Coder-1.5B `auto` gave 2.35x
+        on MT-Bench where the draft model alone gave 2.69x; given what is left, 2.76x against 2.61x.)"""
         def estimate(i: int) -> float:
             return self.acceptance.estimate(tree.origins[i], tree.scores[i], tree.depth[i])
 
-        q = estimate(node)
-        total = sum(estimate(i) for i in tree.children(tree.parents[node]))
-        return q / total if total > 1.0 else q
+        left = 1.0
+        for sibling in sorted(tree.children(tree.parents[node]), key=lambda i: (-estimate(i), i)):
+            share = min(estimate(sibling), left)
+            if sibling == node:
+                return share
+            left -= share
+        return 0.0
 
     def worth_verifying(self, tree, memo: dict[int, float] | None = None) -> int:
         """How many nodes (the root included) of `tree` the best subtree would have."""

@@ -366,6 +366,26 @@ def test_lookup_siblings_together_are_worth_one_token_at_most():
     assert sum(c.reach(tree, i, memo) for i in (1, 2, 3)) == pytest.approx(1.0)
 
 
+def test_a_lookup_guess_beside_a_sure_draft_token_takes_only_what_the_draft_leaves():
+    """Where sibling estimates add up to more than 1, the likelier node keeps its estimate and the
+    others share the rest: a lookup guess next to a draft model's sure token does not cut the reach
+    of the draft's subtree, so the draft model drafts as deep as it would alone."""
+    a = Acceptance()
+    for _ in range(20):
+        a.record("draft", 0.9, 1, True)
+    tree = DraftTree.root(0)
+    sure = tree.add(0, 1, "draft", 0.9)
+    guess = tree.add(0, 2, "lookup", 3.0)
+    below = tree.add(sure, 3, "draft", 0.9)
+    q_sure, q_guess = a.estimate("draft", 0.9, 1), a.estimate("lookup", 3.0, 1)
+    assert q_sure + q_guess > 1.0 and q_sure > q_guess
+    c = Controller(16, costs(lambda w: PLAIN), a)
+    memo: dict[int, float] = {}
+    assert c.reach(tree, sure, memo) == pytest.approx(q_sure)
+    assert c.reach(tree, guess, memo) == pytest.approx(1.0 - q_sure)
+    assert c.reach(tree, below, memo) == pytest.approx(q_sure * a.estimate("draft", 0.9, 2))
+
+
 def test_a_token_two_drafters_propose_keeps_the_more_trusted_label():
     """A lookup's n-gram length and a draft model's probability are not on one scale: where both
     propose a token, the node takes the label whose expected acceptance is higher."""
