@@ -90,7 +90,8 @@ RUN = textwrap.dedent("""
             continue
         drafter = models[d]._drafters.get(kind)
         if drafter is not None and drafter.model is None and d != "lookup":
-            notes[d] = "no room for the draft model in this budget: lookup alone"
+            notes[d] = ("no room for the draft model in this budget" if found else
+                        "no draft model on this machine shares the tokenizer") + ": lookup alone"
     print(json.dumps({"draft_model": str(found) if found else None, "notes": notes}), file=sys.stderr)
 
     def run(m, ids, kind):
