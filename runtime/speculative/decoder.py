@@ -72,7 +72,7 @@ class SpeculativeDecoder:
             # they would bench the draft model at the start of every answer.
             once = self.drafters.catch_up_seconds()
             drafted = tree.size > 1
-            selection = c.select(tree, limit=limit) if drafted else None
+            selection = c.select_pass(tree, limit=limit) if drafted else None
             if selection is not None:
                 out = self._pass(tree.keep(selection.nodes), history, t0)
                 c.record_step(model, len(out), now() - t0 - once)

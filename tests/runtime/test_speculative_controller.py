@@ -9,6 +9,7 @@ import itertools
 import pytest
 from edgeflash.runtime.speculative.controller import (
     CATCH_UP_HORIZON,
+    EXPLORE_AFTER,
     FIRST_CATCH_UP,
     GUARD_MIN,
     MAX_PAUSE,
@@ -423,6 +424,43 @@ def test_text_that_copies_grows_its_lookup_chains_where_passes_cost_much():
     for _ in range(4):
         c.record_pass(chain, list(range(chain.size)), PLAIN)
     assert len(c.select(chain).nodes) > len(first.nodes)
+
+
+def test_a_pass_width_measured_dear_once_is_tried_again_after_whole_passes():
+    """A 3-node pass measured in a busy moment prices every longer lookup chain out of an answer that
+    copies its prompt; the passes of 2 nodes it leaves are accepted whole, and after EXPLORE_AFTER of
+    them a pass verifies one node more, which measures the width again and tests the later tokens."""
+    def quiet(w):
+        return PLAIN * (1 + 0.18 * (w - 1))
+
+    def passes(select) -> list[int]:
+        cm = CostModel()
+        cm.record_plain(PLAIN)
+        cm.verify.update({2: quiet(2), 3: 1.5 * quiet(2)})
+        c = Controller(16, cm, Acceptance())
+        sizes = []
+        for _ in range(16):
+            chain = lookup_chain(range(1, 9))
+            chain.scores[1:] = [3] * (chain.size - 1)  # every token followed a 3-gram
+            t = chain.keep(select(c, chain).nodes)
+            c.record_pass(t, list(range(t.size)), quiet(t.size))  # all accepted
+            sizes.append(t.size)
+        return sizes
+
+    trapped = passes(lambda c, chain: c.select(chain))
+    assert set(trapped) == {2}  # what select() alone does: one lookup token a pass
+    explored = passes(lambda c, chain: c.select_pass(chain))
+    assert explored[:EXPLORE_AFTER] == trapped[:EXPLORE_AFTER] and explored[EXPLORE_AFTER] == 3
+    assert explored[-1] >= 8
+
+
+def test_passes_that_fail_verify_no_more_than_the_best_subtree():
+    c = Controller(16, costs(lambda w: PLAIN * (1 + 0.1 * (w - 1))), Acceptance())
+    for _ in range(3 * EXPLORE_AFTER):
+        chain = lookup_chain(range(1, 9))
+        s = c.select_pass(chain)
+        assert s.nodes == c.select(chain).nodes and len(s.nodes) > 2  # so [0, 1] is not the whole pass
+        c.record_pass(chain.keep(s.nodes), [0, 1], PLAIN)  # the second token is always rejected
 
 
 def test_a_draft_models_recent_rate_starts_each_answer_from_its_long_run_rate():
