@@ -59,11 +59,11 @@ RUNNER_UP = "+runner-up"  # suffix of the origin of a draft model's second choic
 # draft model forwards 2 nodes in 1.07x and 4 in 1.18x the time of one without a budget, 1.2x and
 # 1.2x at 25% of Qwen2.5-Coder-1.5B (a batch reads the weights once).
 LEVEL_NODE_SHARE = 0.2
-# After this many passes in a row that the target accepted whole, the next pass verifies one node
-# more than the best subtree: a whole pass says the tree was cut short by a price, and a price that
-# is never paid is never measured again. A 3-node pass measured dear once (1.3-1.7x a 2-node pass,
-# 1.18x when quiet) kept answers that copied their passage at one lookup token a pass for 26-30
-# passes, every one accepted (Qwen2.5-Coder-0.5B, grounded prompts, no budget).
+# After this many lookup passes in a row that the target accepted whole, the next pass verifies
+# one node more than the best subtree: a whole pass says the tree was cut short by a price, and a
+# price that is never paid is never measured again. A 3-node pass measured dear once (1.3-1.7x a
+# 2-node pass, 1.18x when quiet) kept answers that copied their passage at one lookup token a pass
+# for 26-30 passes, every one accepted (Qwen2.5-Coder-0.5B, grounded prompts, no budget).
 EXPLORE_AFTER = 4
 
 
@@ -366,7 +366,7 @@ class Controller:
         self.steps = 0
         self.last_draft: dict[str, int] = {}  # drafter -> step it last drafted
         self.drafted: set[str] = set()  # draft models that drafted in this answer
-        self.whole_passes = 0  # passes in a row the target accepted whole (EXPLORE_AFTER)
+        self.whole_passes = 0  # lookup passes in a row the target accepted whole (EXPLORE_AFTER)
 
     # -- before drafting -------------------------------------------------------------------------
 
@@ -486,8 +486,8 @@ class Controller:
         return Selection(nodes, 1.0 + sum(memo[i] for i in nodes[1:]), self.costs.pass_cost(best_k + 1))
 
     def select_pass(self, tree, limit: int | None = None) -> Selection | None:
-        """The nodes this step verifies: select()'s, and one more after EXPLORE_AFTER passes in a
-        row were accepted whole (ranked by reach, the extra node's parent is among them)."""
+        """The nodes this step verifies: select()'s, and one more after EXPLORE_AFTER lookup passes
+        in a row were accepted whole (ranked by reach, the extra node's parent is among them)."""
         explore = self.whole_passes >= EXPLORE_AFTER
         selection = self.select(tree, limit=limit, beyond=int(explore))
         if selection is not None and explore:
@@ -511,7 +511,10 @@ class Controller:
         """A verified tree (`path`: the accepted nodes, root first): costs, and every node the
         target tested (a child of an accepted node) as accepted or not."""
         self.costs.record_verify(tree.size, verify_s)
-        self.whole_passes = self.whole_passes + 1 if len(path) == tree.size else 0
+        # Only lookup's passes count: a draft model's price is re-measured by its probes, and its
+        # rates are counted in every pass it drafts in.
+        lookup_only = all(origin == "lookup" for origin in tree.origins[1:])
+        self.whole_passes = self.whole_passes + 1 if lookup_only and len(path) == tree.size else 0
         on_path = set(path)
         tested_lookup, tested_models = False, set()
         for node in range(1, tree.size):
